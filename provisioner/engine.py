@@ -1,0 +1,409 @@
+"""The only module that talks to ansible-runner.
+
+It validates what can be validated before any host is touched, runs a playbook,
+turns ansible-runner's event stream into progress callbacks and per-host results,
+and turns connection failures into one-line errors that name the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import yaml
+
+from . import paths
+from .errors import BadInput, ExitCode, ProvisionerError
+
+# Keep this many runs' artifacts (events, stdout) in the state directory.
+KEEP_ARTIFACTS = 20
+
+# Tags every playbook accepts without a role declaring them.
+_BUILTIN_TAGS = {"all", "always", "never", "tagged", "untagged"}
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    task: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.failed:
+            return "failed"
+        return "changed" if self.changed else "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "status": self.status,
+            "ok": self.ok,
+            "changed": self.changed,
+            "failed": self.failed,
+            "unreachable": self.unreachable,
+            "skipped": self.skipped,
+            "errors": self.errors,
+        }
+
+
+@dataclass
+class Change:
+    host: str
+    task: str
+    diff: list[dict[str, Any]]
+
+
+@dataclass
+class RunResult:
+    playbook: str
+    check: bool
+    rc: int
+    hosts: dict[str, HostResult]
+    facts: dict[str, dict[str, Any]]
+    changes: list[Change]
+    artifact_dir: Path
+    seconds: float
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if any(h.unreachable for h in self.hosts.values()):
+            return ExitCode.UNREACHABLE
+        if any(h.failed for h in self.hosts.values()) or self.rc != 0:
+            return ExitCode.HOST_FAILED
+        return ExitCode.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "playbook": self.playbook,
+            "check": self.check,
+            "rc": self.rc,
+            "exit_code": int(self.exit_code),
+            "seconds": round(self.seconds, 2),
+            "artifact_dir": str(self.artifact_dir),
+            "hosts": {name: h.to_dict() for name, h in self.hosts.items()},
+            "changes": [{"host": c.host, "task": c.task, "diff": c.diff} for c in self.changes],
+        }
+
+
+ProgressCallback = Callable[[HostResult], None]
+
+
+# ---------------------------------------------------------------- validation
+
+
+def resolve_inventory(inventory: str | Path | None) -> Path:
+    """The inventory path to use; None means this machine."""
+    path = Path(inventory) if inventory else paths.LOCAL_INVENTORY
+    if not path.exists():
+        raise BadInput(
+            f"inventory {path} does not exist: pass an existing file or directory with -i, "
+            f"or omit -i to provision this machine"
+        )
+    return path.resolve()
+
+
+def known_tags() -> set[str]:
+    """Every tag declared in the playbooks and roles shipped with provisioner."""
+    tags = set(_BUILTIN_TAGS)
+    files = list(paths.PLAYBOOKS.glob("*.yml")) + list(paths.ROLES.glob("*/tasks/*.yml"))
+    for f in files:
+        tags |= _tags_in(yaml.safe_load(f.read_text()))
+    return tags
+
+
+def _tags_in(node: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(node, dict):
+        value = node.get("tags")
+        if isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, list):
+            found |= {t for t in value if isinstance(t, str)}
+        for v in node.values():
+            found |= _tags_in(v)
+    elif isinstance(node, list):
+        for v in node:
+            found |= _tags_in(v)
+    return found
+
+
+def check_tags(tags: Sequence[str], skip_tags: Sequence[str]) -> None:
+    known = known_tags()
+    unknown = sorted({t for t in (*tags, *skip_tags) if t not in known})
+    if unknown:
+        raise BadInput(
+            f"unknown tag(s) {', '.join(unknown)}: use one of {', '.join(sorted(known - _BUILTIN_TAGS))}"
+        )
+
+
+def inventory_hosts(inventory: Path) -> dict[str, Any]:
+    """Parse the inventory with Ansible itself; a malformed one is refused with Ansible's reason."""
+    from ansible_runner.interface import get_inventory
+
+    _check_yaml(inventory)
+    _ensure_tools_on_path()
+    out, err = get_inventory(
+        action="list",
+        inventories=[str(inventory)],
+        response_format="json",
+        envvars=_inventory_env(),
+        quiet=True,
+    )
+    if not isinstance(out, dict):
+        raise BadInput(f"inventory {inventory} is not valid: {_first_error(str(err) or str(out))}")
+    hosts = out.get("_meta", {}).get("hostvars", {})
+    for group in out.values():
+        if isinstance(group, dict):
+            hosts.update({h: hosts.get(h, {}) for h in group.get("hosts", [])})
+    if not hosts:
+        raise BadInput(f"inventory {inventory} defines no hosts: add at least one host to it")
+    return hosts
+
+
+def _check_yaml(inventory: Path) -> None:
+    """A YAML inventory that is not YAML: say where, as PyYAML sees it."""
+    files = [inventory] if inventory.is_file() else sorted(inventory.rglob("*.y*ml"))
+    for f in files:
+        if f.suffix not in (".yml", ".yaml"):
+            continue
+        try:
+            yaml.safe_load(f.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise BadInput(f"inventory {f} is not valid YAML at{where}: {problem}; fix the file and run again") from exc
+
+
+def _first_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if "Failed to parse inventory with" in ln:
+            return ln.split(":", 2)[-1].strip()
+    for ln in lines:
+        if "ERROR" in ln or "Error" in ln or "error" in ln:
+            return re.sub(r"^\[?ERROR\]?:?!?\s*", "", ln)
+    return lines[0] if lines else "unknown error"
+
+
+def _inventory_env() -> dict[str, str]:
+    return {
+        # An inventory Ansible cannot parse is an error, not a warning and an empty run.
+        "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
+        "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True",
+        "ANSIBLE_INVENTORY_ENABLED": "host_list,yaml,ini,auto,toml",
+        "ANSIBLE_NOCOLOR": "True",
+    }
+
+
+# ---------------------------------------------------------------- running
+
+
+def _ensure_tools_on_path() -> None:
+    # ansible-runner shells out to ansible-playbook: the interpreter's bin must be on PATH.
+    bindir = str(Path(sys.executable).parent)
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    if bindir not in parts:
+        os.environ["PATH"] = os.pathsep.join([bindir, *parts])
+
+
+def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
+    strict = "accept-new" if accept_new_host_keys else "yes"
+    return {
+        **_inventory_env(),
+        "ANSIBLE_ROLES_PATH": str(paths.ROLES),
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+        # Options given first win in ssh: these hold whatever an inventory adds later.
+        # No ControlPersist: nothing is left running after the command ends.
+        "ANSIBLE_SSH_ARGS": f"-o StrictHostKeyChecking={strict} -o ControlMaster=no -o ControlPath=none",
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_FORCE_COLOR": "False",
+        "ANSIBLE_NOCOLOR": "True",
+        "ANSIBLE_DEPRECATION_WARNINGS": "False",
+        "ANSIBLE_LOCALHOST_WARNING": "False",
+        "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+    }
+
+
+def run_playbook(
+    playbook: str,
+    inventory: Path,
+    *,
+    limit: str | None = None,
+    tags: Sequence[str] = (),
+    skip_tags: Sequence[str] = (),
+    check: bool = False,
+    extravars: dict[str, Any] | None = None,
+    verbosity: int = 0,
+    accept_new_host_keys: bool = False,
+    on_progress: ProgressCallback | None = None,
+) -> RunResult:
+    """Run playbooks/<playbook> and return per-host results; raise BadInput for bad input."""
+    import ansible_runner
+
+    check_tags(tags, skip_tags)
+    inventory_hosts(inventory)  # refuse a malformed inventory before any host is touched
+    book = paths.PLAYBOOKS / playbook
+    if not book.exists():
+        raise ProvisionerError(f"playbook {book} is missing: reinstall provisioner")
+
+    _ensure_tools_on_path()
+    runs = paths.state_dir() / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    ident = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
+    collector = _EventCollector(on_progress)
+    cmdline = " ".join(["--check --diff" if check else "", *(["-" + "v" * verbosity] if verbosity else [])])
+    started = time.monotonic()
+    runner = ansible_runner.run(
+        private_data_dir=str(runs),
+        ident=ident,
+        project_dir=str(paths.PLAYBOOKS),
+        playbook=str(book),
+        inventory=str(inventory),
+        limit=limit,
+        tags=",".join(tags) or None,
+        skip_tags=",".join(skip_tags) or None,
+        extravars=extravars or {},
+        cmdline=cmdline.strip() or None,
+        envvars=_run_env(accept_new_host_keys),
+        event_handler=collector.handle,
+        quiet=True,
+        rotate_artifacts=KEEP_ARTIFACTS,
+        timeout=None,
+    )
+    seconds = time.monotonic() - started
+    artifact_dir = Path(runner.config.artifact_dir)
+    if runner.rc != 0 and not collector.hosts:
+        # ansible-playbook stopped before reaching any host: bad input.
+        stdout = runner.stdout.read() if runner.stdout else ""
+        raise BadInput(f"{_first_error(stdout)} (log: {artifact_dir / 'stdout'})")
+    return RunResult(
+        playbook=playbook,
+        check=check,
+        rc=runner.rc,
+        hosts=collector.hosts,
+        facts=collector.facts,
+        changes=collector.changes,
+        artifact_dir=artifact_dir,
+        seconds=seconds,
+    )
+
+
+class _EventCollector:
+    """Folds ansible-runner events into per-host counters, facts, diffs and errors."""
+
+    def __init__(self, on_progress: ProgressCallback | None):
+        self.on_progress = on_progress
+        self.hosts: dict[str, HostResult] = {}
+        self.facts: dict[str, dict[str, Any]] = {}
+        self.changes: list[Change] = []
+
+    def _host(self, name: str) -> HostResult:
+        if name not in self.hosts:
+            self.hosts[name] = HostResult(host=name)
+        return self.hosts[name]
+
+    def handle(self, event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {}) or {}
+        host_name = data.get("host")
+        if not host_name or not kind.startswith("runner_"):
+            return True
+        host = self._host(host_name)
+        task = data.get("task", "")
+        res = data.get("res", {}) or {}
+        if kind == "runner_on_start":
+            host.task = task
+        elif kind == "runner_on_ok":
+            self._ok(host, task, res)
+        elif kind == "runner_on_failed":
+            if data.get("ignore_errors"):
+                host.ok += 1
+            else:
+                host.failed += 1
+                host.errors.append(f"{task}: {_failure_message(res)}")
+        elif kind == "runner_on_unreachable":
+            host.unreachable += 1
+            host.errors.append(explain_unreachable(host_name, res.get("msg", "")))
+        elif kind == "runner_on_skipped":
+            host.skipped += 1
+        elif kind == "runner_item_on_failed":
+            return True
+        if self.on_progress:
+            self.on_progress(host)
+        return True
+
+    def _ok(self, host: HostResult, task: str, res: dict[str, Any]) -> None:
+        if res.get("changed"):
+            host.changed += 1
+        else:
+            host.ok += 1
+        if res.get("ansible_facts"):
+            self.facts.setdefault(host.host, {}).update(res["ansible_facts"])
+        diffs = res.get("diff")
+        if res.get("changed") and diffs:
+            self.changes.append(Change(host.host, task, diffs if isinstance(diffs, list) else [diffs]))
+        elif res.get("changed"):
+            self.changes.append(Change(host.host, task, []))
+
+
+def _failure_message(res: dict[str, Any]) -> str:
+    msg = str(res.get("msg") or "").strip()
+    detail = str(res.get("stderr") or "").strip().splitlines()
+    if detail and detail[-1] not in msg:
+        msg = f"{msg}: {detail[-1]}" if msg else detail[-1]
+    if not msg and res.get("results"):
+        msg = "; ".join(_failure_message(r) for r in res["results"] if r.get("failed"))
+    return msg.splitlines()[0] if msg else "failed"
+
+
+def explain_unreachable(host: str, msg: str) -> str:
+    """One line that says why a host could not be reached and how to fix it."""
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in msg or "Host key for" in msg and "has changed" in msg:
+        return (
+            f"{host}: its SSH host key changed since it was recorded in known_hosts; if the server "
+            f"was reinstalled, remove the old key (ssh-keygen -R ADDRESS) and run again"
+        )
+    if "Host key verification failed" in msg or "No ED25519 host key is known" in msg or "host key is known" in msg:
+        return (
+            f"{host}: its SSH host key is not in known_hosts; add it (ssh-keyscan after checking the "
+            f"fingerprint) or pass --accept-new-host-keys to trust a first-seen key"
+        )
+    if "Permission denied" in msg or "Authentication failed" in msg:
+        return (
+            f"{host}: SSH login was refused; check ansible_user and ansible_ssh_private_key_file "
+            f"in the inventory and that the key is authorized on the host"
+        )
+    if "Could not resolve hostname" in msg:
+        return f"{host}: its name does not resolve; set ansible_host to its address in the inventory"
+    first = msg.strip().splitlines()[0] if msg.strip() else "no answer"
+    return f"{host}: unreachable ({first}); check that it is up and that ansible_host/port are right"
+
+
+def last_runs() -> list[Path]:
+    runs = paths.state_dir() / "runs"
+    return sorted((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime) if runs.exists() else []
+
+
+def dump_json(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=False, default=str)
+
+
+def iter_errors(result: RunResult) -> Iterable[str]:
+    for h in result.hosts.values():
+        yield from h.errors

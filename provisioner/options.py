@@ -1,0 +1,43 @@
+"""Role and plan options given on the command line, checked against the roles' argument specs."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import yaml
+
+from . import paths
+from .errors import BadInput
+
+
+def known_options() -> dict[str, str]:
+    """Every option any role documents in meta/argument_specs.yml, with its role's name."""
+    found: dict[str, str] = {}
+    for spec in sorted(paths.ROLES.glob("*/meta/argument_specs.yml")):
+        role = spec.parent.parent.name
+        data = yaml.safe_load(spec.read_text()) or {}
+        for entry in (data.get("argument_specs") or {}).values():
+            for name in (entry or {}).get("options") or {}:
+                found[name] = role
+    return found
+
+
+def parse_extra_vars(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs (VALUE read as YAML) for documented role options only."""
+    known = known_options()
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise BadInput(f"-e {pair!r} is not KEY=VALUE: write it like -e plan_trials=8")
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "see the roles' meta/argument_specs.yml"
+            raise BadInput(f"unknown option {key!r}: {hint}")
+        try:
+            out[key] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise BadInput(f"-e {key}: value {raw!r} is not valid YAML ({exc.problem})") from exc
+    return out

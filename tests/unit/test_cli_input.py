@@ -1,0 +1,108 @@
+"""Bad input is refused with one line naming the problem and the fix, exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from provisioner import __version__, engine, options
+from provisioner.cli import app
+from provisioner.errors import BadInput, ExitCode
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    if result.exit_code == ExitCode.BAD_INPUT and result.stderr.startswith("error:"):
+        assert len(result.stderr.strip().splitlines()) == 1, "an error must be one line"
+    return result
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert __version__ in result.stdout
+
+
+def test_missing_inventory_is_bad_input(tmp_path: Path):
+    result = invoke("up", "-i", str(tmp_path / "nope.yml"))
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "does not exist" in result.stderr
+    assert "nope.yml" in result.stderr
+
+
+def test_malformed_yaml_inventory_names_the_line(tmp_path: Path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  hosts:\n    a: {ansible_host: 10.0.0.1\n")
+    result = invoke("up", "-i", str(inv))
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "not valid YAML at line 4" in result.stderr
+
+
+def test_inventory_without_hosts(tmp_path: Path):
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  children:\n    web: {}\n")
+    result = invoke("plan", "-i", str(inv))
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "defines no hosts" in result.stderr
+
+
+def test_unknown_tag_lists_the_known_ones():
+    result = invoke("up", "--tags", "comon", "--check")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "unknown tag(s) comon" in result.stderr
+    assert "common" in result.stderr
+
+
+def test_unknown_option_suggests_a_close_one():
+    result = invoke("up", "--check", "-e", "common_ml_usr=bob")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "unknown option 'common_ml_usr'" in result.stderr
+    assert "common_ml_user" in result.stderr
+
+
+def test_option_without_value_separator():
+    with pytest.raises(BadInput, match="not KEY=VALUE"):
+        options.parse_extra_vars(["common_ml_user"])
+
+
+def test_option_values_are_yaml():
+    assert options.parse_extra_vars(["common_extra_packages=[htop, jq]", "common_ml_uid=2000"]) == {
+        "common_extra_packages": ["htop", "jq"],
+        "common_ml_uid": 2000,
+    }
+
+
+def test_unknown_cli_flag_is_a_usage_error():
+    result = invoke("up", "--frobnicate")
+    assert result.exit_code == 2
+
+
+def test_every_role_option_is_documented():
+    known = options.known_options()
+    assert {"common_ml_user", "common_packages"} <= set(known)
+
+
+def test_known_tags_cover_roles_and_phases():
+    tags = engine.known_tags()
+    assert {"common", "common_preflight", "common_install", "common_configure", "plan"} <= tags
+
+
+@pytest.mark.parametrize(
+    ("msg", "expected"),
+    [
+        ("Failed to connect to the host via ssh: @@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@", "host key changed"),
+        ("Failed to connect to the host via ssh: No ED25519 host key is known for 10.1.1.2 and you have requested strict checking.\r\nHost key verification failed.", "not in known_hosts"),
+        ("Failed to connect to the host via ssh: root@10.1.1.2: Permission denied (publickey).", "login was refused"),
+        ("Failed to connect to the host via ssh: ssh: Could not resolve hostname nosuch: Name or service not known", "does not resolve"),
+        ("Failed to connect to the host via ssh: ssh: connect to host 127.0.0.1 port 1: Connection refused", "unreachable"),
+    ],
+)
+def test_unreachable_messages_name_the_fix(msg: str, expected: str):
+    line = engine.explain_unreachable("web1", msg)
+    assert line.startswith("web1: ")
+    assert expected in line.replace("SSH host key changed", "host key changed")
+    assert "\n" not in line
