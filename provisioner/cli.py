@@ -1,0 +1,225 @@
+"""The `provisioner` command: parse, call, print.
+
+Exit codes: 0 success; 1 a task or check failed on a host; 2 bad input, refused before
+any host was touched; 3 a host was unreachable (network, SSH login or host key);
+4 a problem on the control node itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from . import __version__, engine, options, render
+from .errors import ExitCode, ProvisionerError
+
+app = typer.Typer(
+    help="Turn bare-metal CPU servers into tuned machine-learning boxes, prove it, keep it so.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+lab_app = typer.Typer(help="Disposable Debian 12 servers on this machine, for trying and testing.", no_args_is_help=True)
+app.add_typer(lab_app, name="lab")
+
+Inventory = Annotated[
+    Optional[Path], typer.Option("-i", "--inventory", help="Ansible inventory file or directory [default: this machine]")
+]
+Limit = Annotated[Optional[str], typer.Option("--limit", "-l", help="Only these hosts or groups (Ansible pattern).")]
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+ExtraVars = Annotated[
+    Optional[list[str]],
+    typer.Option("-e", "--extra-vars", help="Set a role or plan option, KEY=VALUE (YAML value); repeatable."),
+]
+AcceptNew = Annotated[
+    bool,
+    typer.Option("--accept-new-host-keys", help="Trust the SSH host key of a host seen for the first time (a changed key is still refused)."),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"provisioner {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+) -> None:
+    """Discover, plan, apply, verify, report."""
+
+
+def _fail(exc: ProvisionerError) -> typer.Exit:
+    render.error(str(exc))
+    return typer.Exit(int(exc.exit_code))
+
+
+def _facts_run(inventory: Optional[Path], limit: Optional[str], extra: Optional[list[str]], accept_new: bool) -> engine.RunResult:
+    inv = engine.resolve_inventory(inventory)
+    result = engine.run_playbook(
+        "facts.yml", inv, limit=limit, extravars=options.parse_extra_vars(extra or []), accept_new_host_keys=accept_new
+    )
+    if result.exit_code != ExitCode.OK:
+        render.run_summary(result)
+        raise typer.Exit(int(result.exit_code))
+    return result
+
+
+@app.command()
+def facts(inventory: Inventory = None, limit: Limit = None, json: Json = False, accept_new_host_keys: AcceptNew = False) -> None:
+    """Discover each host's hardware: CPU, ISA, caches, memory, drives, virtualization, OS."""
+    try:
+        result = _facts_run(inventory, limit, None, accept_new_host_keys)
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    data = {h: f.get("provisioner_hardware", {}) for h, f in result.facts.items()}
+    render.print_json(data) if json else render.facts(data)
+
+
+@app.command()
+def plan(
+    inventory: Inventory = None,
+    limit: Limit = None,
+    extra_vars: ExtraVars = None,
+    json: Json = False,
+    accept_new_host_keys: AcceptNew = False,
+) -> None:
+    """Derive the tuning plan from each host's hardware, each setting with its reason."""
+    try:
+        result = _facts_run(inventory, limit, extra_vars, accept_new_host_keys)
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    data = {h: f.get("provisioner_plan", {}) for h, f in result.facts.items()}
+    render.print_json(data) if json else render.plan(data)
+
+
+@app.command()
+def up(
+    inventory: Inventory = None,
+    limit: Limit = None,
+    tags: Annotated[Optional[list[str]], typer.Option("--tags", "-t", help="Only roles/phases with these tags; repeatable.")] = None,
+    skip_tags: Annotated[Optional[list[str]], typer.Option("--skip-tags", help="Skip roles/phases with these tags; repeatable.")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Show what would change, with diffs; change nothing.")] = False,
+    extra_vars: ExtraVars = None,
+    verify_after: Annotated[bool, typer.Option("--verify/--no-verify", help="Run the testinfra checks after applying.")] = True,
+    json: Json = False,
+    verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log.")] = 0,
+    accept_new_host_keys: AcceptNew = False,
+) -> None:
+    """Provision: discover, plan, apply the roles, then verify. Re-running changes nothing."""
+    try:
+        inv = engine.resolve_inventory(inventory)
+        extravars = options.parse_extra_vars(extra_vars or [])
+        with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
+            result = engine.run_playbook(
+                "site.yml",
+                inv,
+                limit=limit,
+                tags=_split(tags),
+                skip_tags=_split(skip_tags),
+                check=check,
+                extravars=extravars,
+                verbosity=verbose,
+                accept_new_host_keys=accept_new_host_keys,
+                on_progress=progress,
+            )
+        verified = None
+        if verify_after and not check and result.exit_code == ExitCode.OK:
+            from .verify import verify
+
+            verified = verify(inv, limit=limit)
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    code = result.exit_code if result.exit_code != ExitCode.OK or verified is None else verified.exit_code
+    if json:
+        out: dict[str, Any] = result.to_dict()
+        out["plan"] = {h: f.get("provisioner_plan") for h, f in result.facts.items()}
+        out["verify"] = verified.to_dict() if verified else None
+        out["exit_code"] = int(code)
+        render.print_json(out)
+    else:
+        if check or verbose:
+            render.changes(result)
+        render.run_summary(result)
+        if verified is not None:
+            render.verify_summary(verified)
+    raise typer.Exit(int(code))
+
+
+@app.command()
+def verify(inventory: Inventory = None, limit: Limit = None, json: Json = False) -> None:
+    """Check with testinfra that each host is as the roles promise."""
+    from .verify import verify as run_verify
+
+    try:
+        result = run_verify(engine.resolve_inventory(inventory), limit=limit)
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    render.print_json(result.to_dict()) if json else render.verify_summary(result)
+    if not result.checks:
+        raise typer.Exit(int(ExitCode.BAD_INPUT))
+    raise typer.Exit(int(result.exit_code))
+
+
+def _split(values: Optional[list[str]]) -> list[str]:
+    return [t.strip() for v in values or [] for t in v.split(",") if t.strip()]
+
+
+@lab_app.command("up")
+def lab_up(
+    name: Annotated[str, typer.Argument(help="Server name: lowercase letters, digits, dashes.")],
+    device: Annotated[Optional[list[str]], typer.Option("--device", help="Block device to pass into the server; repeatable.")] = None,
+    json: Json = False,
+) -> None:
+    """Boot a disposable Debian 12 server (systemd-nspawn) and print how to reach it."""
+    from . import lab
+
+    try:
+        server = lab.up(name, devices=device or [])
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    if json:
+        render.print_json(server.to_dict())
+        return
+    render.console.print(f"[green]{server.name}[/green] is up at {server.address}")
+    render.console.print(f"  ssh:       ssh -F {server.ssh_config} {server.name}")
+    render.console.print(f"  provision: provisioner up -i {server.inventory}")
+    render.console.print(f"  discard:   provisioner lab down {server.name}")
+
+
+@lab_app.command("down")
+def lab_down(name: Annotated[str, typer.Argument(help="Server name.")]) -> None:
+    """Stop a lab server and discard it with every change made inside it."""
+    from . import lab
+
+    try:
+        removed = lab.down(name)
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    render.console.print(f"{name}: {'discarded' if removed else 'no such lab server'}")
+
+
+@lab_app.command("list")
+def lab_list(json: Json = False) -> None:
+    """List lab servers."""
+    from . import lab
+
+    servers = lab.list_servers()
+    if json:
+        render.print_json([s.to_dict() for s in servers])
+        return
+    from rich.table import Table
+
+    table = Table(title="lab servers")
+    for col in ("name", "address", "state", "inventory"):
+        table.add_column(col)
+    for s in servers:
+        table.add_row(s.name, s.address, "up" if s.alive else "dead (run lab down)", str(s.inventory))
+    render.console.print(table)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,193 @@
+"""Terminal rendering with rich: tables, live progress, diffs. Knows nothing of Ansible."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .engine import HostResult, RunResult
+from .verify import VerifyResult
+
+console = Console()
+err_console = Console(stderr=True)
+
+_STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "passed": "green", "skipped": "dim"}
+
+
+def print_json(data: Any) -> None:
+    # Plain print: JSON must not be wrapped or coloured.
+    print(json.dumps(data, indent=2, default=str))
+
+
+def error(message: str) -> None:
+    # soft_wrap: an error stays one line whatever the terminal width.
+    err_console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
+
+
+def _progress_table(hosts: dict[str, HostResult]) -> Table:
+    table = Table(title="provisioning", expand=False)
+    for col in ("host", "task", "ok", "changed", "failed", "unreachable"):
+        table.add_column(col, justify="right" if col not in ("host", "task") else "left")
+    for h in hosts.values():
+        table.add_row(h.host, h.task, str(h.ok), str(h.changed), str(h.failed), str(h.unreachable))
+    return table
+
+
+@contextmanager
+def live_progress(enabled: bool) -> Iterator[Any]:
+    """Yields a callback for engine progress; draws a per-host live table while enabled."""
+    hosts: dict[str, HostResult] = {}
+    if not enabled:
+        yield None
+        return
+    with Live(_progress_table(hosts), console=console, refresh_per_second=8, transient=True) as live:
+
+        def update(host: HostResult) -> None:
+            hosts[host.host] = host
+            live.update(_progress_table(hosts))
+
+        yield update
+
+
+def run_summary(result: RunResult) -> None:
+    title = f"{result.playbook}{' (check mode: nothing was changed)' if result.check else ''}"
+    table = Table(title=title)
+    for col in ("host", "status", "ok", "changed", "failed", "unreachable", "skipped"):
+        table.add_column(col, justify="left" if col in ("host", "status") else "right")
+    for h in result.hosts.values():
+        table.add_row(
+            h.host,
+            Text(h.status, style=_STATUS_STYLE.get(h.status, "")),
+            str(h.ok),
+            str(h.changed),
+            str(h.failed),
+            str(h.unreachable),
+            str(h.skipped),
+        )
+    console.print(table)
+    for h in result.hosts.values():
+        for e in h.errors:
+            error(e)
+    console.print(f"[dim]{result.seconds:.1f} s; log: {result.artifact_dir}[/dim]")
+
+
+def changes(result: RunResult) -> None:
+    """What changed (or would change, in check mode), with diffs where a module gives them."""
+    if not result.changes:
+        console.print("no changes" if not result.check else "nothing would change")
+        return
+    verb = "would change" if result.check else "changed"
+    for c in result.changes:
+        console.print(f"[yellow]{verb}[/yellow] {c.host}: {c.task}")
+        for d in c.diff:
+            text = _diff_text(d)
+            if text:
+                console.print(Text(text, style="dim"))
+
+
+def _diff_text(diff: dict[str, Any]) -> str:
+    if "prepared" in diff:
+        return str(diff["prepared"]).rstrip()
+    before, after = diff.get("before", ""), diff.get("after", "")
+    if isinstance(before, dict) or isinstance(after, dict):
+        keys = sorted(set(before or {}) | set(after or {}))
+        return "\n".join(
+            f"  {k}: {before.get(k) if before else None!r} -> {after.get(k) if after else None!r}"
+            for k in keys
+            if (before or {}).get(k) != (after or {}).get(k)
+        )
+    if before == after:
+        return ""
+    import difflib
+
+    header = (diff.get("before_header", "before"), diff.get("after_header", "after"))
+    lines = difflib.unified_diff(
+        str(before).splitlines(), str(after).splitlines(), header[0], header[1], lineterm=""
+    )
+    return "\n".join("  " + ln for ln in lines)
+
+
+def facts(facts_by_host: dict[str, dict[str, Any]]) -> None:
+    for host, f in facts_by_host.items():
+        cpu, mem = f.get("cpu", {}), f.get("memory", {})
+        table = Table(title=f"{host}: hardware", show_header=False)
+        table.add_column("what", style="bold")
+        table.add_column("value")
+        isa = ", ".join(k for k, v in (cpu.get("isa") or {}).items() if v) or "none of note"
+        cpufreq = f.get("cpufreq", {}) or {}
+        virt = f.get("virtualization", {}) or {}
+        os_ = f.get("os", {}) or {}
+        rows = [
+            ("cpu", f"{cpu.get('model_name')} ({cpu.get('vendor')}, family {cpu.get('family')} model {cpu.get('model')})"),
+            ("topology", f"{cpu.get('sockets')} socket(s), {cpu.get('cores')} cores, {cpu.get('threads')} threads, {cpu.get('numa_nodes')} NUMA node(s)"),
+            ("isa", isa),
+            ("caches", ", ".join(f"{k} {v}" for k, v in (cpu.get("caches") or {}).items() if v)),
+            ("memory", f"{(mem.get('total_bytes') or 0) / 2**30:.1f} GiB"),
+            ("cpufreq", f"{cpufreq.get('driver') or 'no cpufreq driver'}" + (f", governor {cpufreq.get('governor')}" if cpufreq.get("governor") else "")),
+            ("thp", f"enabled={(f.get('thp') or {}).get('enabled')} defrag={(f.get('thp') or {}).get('defrag')}"),
+            ("virtualization", f"{virt.get('type')} ({virt.get('role')})"),
+            ("os", f"{os_.get('pretty_name')}, kernel {os_.get('kernel')}"),
+        ]
+        for r in rows:
+            table.add_row(*r)
+        console.print(table)
+        devices = f.get("block_devices") or []
+        if devices:
+            dt = Table(title=f"{host}: block devices")
+            for col in ("device", "size", "model", "nvme", "in use"):
+                dt.add_column(col)
+            for d in devices:
+                used = _in_use(d)
+                dt.add_row(d.get("path"), f"{(d.get('size_bytes') or 0) / 1e9:.1f} GB", str(d.get("model") or ""), "yes" if d.get("nvme") else "no", used or "no")
+            console.print(dt)
+
+
+def _in_use(d: dict[str, Any]) -> str:
+    parts = []
+    if d.get("root_disk"):
+        parts.append("root disk")
+    if d.get("mountpoints"):
+        parts.append("mounted at " + ", ".join(m for m in d["mountpoints"] if m))
+    if d.get("partitions"):
+        parts.append(f"{len(d['partitions'])} partition(s)")
+    if d.get("signatures"):
+        parts.append("holds " + ", ".join(d["signatures"]))
+    if d.get("holders"):
+        parts.append("held by " + ", ".join(d["holders"]))
+    return "; ".join(parts)
+
+
+def plan(plans_by_host: dict[str, dict[str, Any]]) -> None:
+    for host, p in plans_by_host.items():
+        table = Table(title=f"{host}: plan")
+        table.add_column("setting", style="bold")
+        table.add_column("value")
+        table.add_column("why")
+        for s in p.get("settings", []):
+            value = s["value"]
+            table.add_row(s["key"], "-" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value), s["reason"])
+        console.print(table)
+        storage = p.get("storage")
+        if storage:
+            console.print(f"[bold]storage proposal[/bold]: {json.dumps(storage)}")
+        for w in p.get("warnings", []):
+            console.print(f"[yellow]warning[/yellow]: {w}")
+
+
+def verify_summary(result: VerifyResult) -> None:
+    for host, checks in result.by_host().items():
+        table = Table(title=f"{host}: verify")
+        table.add_column("check")
+        table.add_column("result")
+        table.add_column("detail")
+        for c in checks:
+            table.add_row(c.check, Text(c.outcome, style=_STATUS_STYLE.get(c.outcome, "")), c.message)
+        console.print(table)
+    if not result.checks:
+        error("no checks ran: is the inventory's host pattern right?")

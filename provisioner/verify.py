@@ -1,0 +1,98 @@
+"""Runs the testinfra checks against an inventory and collects per-host results."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import engine
+from .errors import ExitCode
+
+CHECKS = Path(__file__).resolve().parent / "checks"
+
+
+@dataclass
+class CheckResult:
+    host: str
+    check: str
+    outcome: str  # passed / failed / skipped
+    message: str = ""
+
+
+@dataclass
+class VerifyResult:
+    checks: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.HOST_FAILED if any(c.outcome == "failed" for c in self.checks) else ExitCode.OK
+
+    def by_host(self) -> dict[str, list[CheckResult]]:
+        out: dict[str, list[CheckResult]] = {}
+        for c in self.checks:
+            out.setdefault(c.host, []).append(c)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exit_code": int(self.exit_code),
+            "hosts": {
+                h: [{"check": c.check, "outcome": c.outcome, "message": c.message} for c in cs]
+                for h, cs in self.by_host().items()
+            },
+        }
+
+
+class _Collector:
+    """A pytest plugin that records each check's outcome under its host's name."""
+
+    def __init__(self) -> None:
+        self.results: list[CheckResult] = []
+        self._names: dict[str, tuple[str, str]] = {}
+
+    def pytest_collection_modifyitems(self, items: list[Any]) -> None:
+        for item in items:
+            params = dict(getattr(getattr(item, "callspec", None), "params", {}))
+            target = params.pop("_testinfra_host", None)
+            host = target.backend.get_pytest_id().split("://", 1)[-1] if target else "?"
+            suffix = "-".join(str(v) for v in params.values())
+            self._names[item.nodeid] = (host, f"{item.originalname}[{suffix}]" if suffix else item.originalname)
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        failed_setup = report.when == "setup" and report.outcome != "passed"
+        if report.when != "call" and not failed_setup:
+            return
+        host, name = self._names.get(report.nodeid, ("?", report.nodeid))
+        message = ""
+        if report.outcome == "failed":
+            text = str(report.longrepr)
+            errors = [ln[2:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+            message = errors[0] if errors else text.strip().splitlines()[-1]
+        elif report.outcome == "skipped" and isinstance(report.longrepr, tuple):
+            message = str(report.longrepr[-1])
+        self.results.append(CheckResult(host, name, report.outcome, message))
+
+
+def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] = ("common",)) -> VerifyResult:
+    """Run the checks of the given roles on every host of the inventory (or the limit)."""
+    import pytest
+
+    engine.inventory_hosts(inventory)  # a malformed inventory is refused first
+    files = [str(CHECKS / f"test_{r}.py") for r in roles if (CHECKS / f"test_{r}.py").exists()]
+    collector = _Collector()
+    args = [
+        *files,
+        f"--hosts=ansible://{limit or 'all'}",
+        f"--ansible-inventory={inventory}",
+        "-p", "no:cacheprovider",
+        "-q",
+        "--rootdir", str(CHECKS),
+        "-o", "python_files=test_*.py",
+    ]
+    sink = io.StringIO()
+    with redirect_stdout(sink), redirect_stderr(sink):
+        pytest.main(args, plugins=[collector])
+    return VerifyResult(collector.results)
