@@ -24,6 +24,10 @@ from .errors import BadInput, ExitCode, ProvisionerError
 # Keep this many runs' artifacts (events, stdout) in the state directory.
 KEEP_ARTIFACTS = 20
 
+# The role that validates input and derives the plan; it changes nothing, so a failure
+# there is bad input refused before any host was touched.
+PLAN_ROLE = "plan"
+
 # Tags every playbook accepts without a role declaring them.
 _BUILTIN_TAGS = {"all", "always", "never", "tagged", "untagged"}
 
@@ -36,6 +40,7 @@ class HostResult:
     failed: int = 0
     unreachable: int = 0
     skipped: int = 0
+    refused: int = 0  # failures of the plan role: bad input, found before anything changed
     task: str = ""
     errors: list[str] = field(default_factory=list)
 
@@ -43,6 +48,8 @@ class HostResult:
     def status(self) -> str:
         if self.unreachable:
             return "unreachable"
+        if self.failed and self.failed == self.refused:
+            return "refused"
         if self.failed:
             return "failed"
         return "changed" if self.changed else "ok"
@@ -56,6 +63,7 @@ class HostResult:
             "failed": self.failed,
             "unreachable": self.unreachable,
             "skipped": self.skipped,
+            "refused": self.refused,
             "errors": self.errors,
         }
 
@@ -82,6 +90,10 @@ class RunResult:
     def exit_code(self) -> ExitCode:
         if any(h.unreachable for h in self.hosts.values()):
             return ExitCode.UNREACHABLE
+        if any(h.status == "refused" for h in self.hosts.values()) and not any(
+            h.status == "failed" for h in self.hosts.values()
+        ):
+            return ExitCode.BAD_INPUT
         if any(h.failed for h in self.hosts.values()) or self.rc != 0:
             return ExitCode.HOST_FAILED
         return ExitCode.OK
@@ -336,6 +348,8 @@ class _EventCollector:
                 host.ok += 1
             else:
                 host.failed += 1
+                if data.get("role") == PLAN_ROLE:
+                    host.refused += 1
                 host.errors.append(f"{task}: {_failure_message(res)}")
         elif kind == "runner_on_unreachable":
             host.unreachable += 1

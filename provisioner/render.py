@@ -17,7 +17,7 @@ from .verify import VerifyResult
 console = Console()
 err_console = Console(stderr=True)
 
-_STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "passed": "green", "skipped": "dim"}
+_STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "refused": "red", "unreachable": "red", "passed": "green", "skipped": "dim"}
 
 
 def print_json(data: Any) -> None:
