@@ -210,15 +210,8 @@ def lab_list(json: Json = False) -> None:
     servers = lab.list_servers()
     if json:
         render.print_json([s.to_dict() for s in servers])
-        return
-    from rich.table import Table
-
-    table = Table(title="lab servers")
-    for col in ("name", "address", "state", "inventory"):
-        table.add_column(col)
-    for s in servers:
-        table.add_row(s.name, s.address, "up" if s.alive else "dead (run lab down)", str(s.inventory))
-    render.console.print(table)
+    else:
+        render.lab_servers(servers)
 
 
 def main() -> None:

@@ -167,7 +167,7 @@ def inventory_hosts(inventory: Path) -> dict[str, Any]:
     from ansible_runner.interface import get_inventory
 
     _check_yaml(inventory)
-    _ensure_tools_on_path()
+    ensure_tools_on_path()
     out, err = get_inventory(
         action="list",
         inventories=[str(inventory)],
@@ -225,7 +225,7 @@ def _inventory_env() -> dict[str, str]:
 # ---------------------------------------------------------------- running
 
 
-def _ensure_tools_on_path() -> None:
+def ensure_tools_on_path() -> None:
     # ansible-runner shells out to ansible-playbook: the interpreter's bin must be on PATH.
     bindir = str(Path(sys.executable).parent)
     parts = os.environ.get("PATH", "").split(os.pathsep)
@@ -274,7 +274,7 @@ def run_playbook(
     if not book.exists():
         raise ProvisionerError(f"playbook {book} is missing: reinstall provisioner")
 
-    _ensure_tools_on_path()
+    ensure_tools_on_path()
     runs = paths.state_dir() / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     ident = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"

@@ -191,3 +191,12 @@ def verify_summary(result: VerifyResult) -> None:
         console.print(table)
     if not result.checks:
         error("no checks ran: is the inventory's host pattern right?")
+
+
+def lab_servers(servers: list[Any]) -> None:
+    table = Table(title="lab servers")
+    for col in ("name", "address", "state", "inventory"):
+        table.add_column(col)
+    for s in servers:
+        table.add_row(s.name, s.address, "up" if s.alive else "dead (run lab down)", str(s.inventory))
+    console.print(table)

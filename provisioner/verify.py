@@ -81,6 +81,7 @@ def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] 
     import pytest
 
     engine.inventory_hosts(inventory)  # a malformed inventory is refused first
+    engine.ensure_tools_on_path()  # testinfra's ansible backend runs ansible-inventory
     files = [str(CHECKS / f"test_{r}.py") for r in roles if (CHECKS / f"test_{r}.py").exists()]
     collector = _Collector()
     args = [
