@@ -1,0 +1,765 @@
+"""The tuning plan: pure functions from hardware facts to settings, each with its reason.
+
+Input: the ``provisioner_hardware`` facts (schema 1, gathered on the target by
+roles/plan/library/provisioner_facts.py) and :class:`PlanOptions` (the ``plan_*`` variables).
+Output: a :class:`Plan`; its ``to_dict()`` is what the CLI prints and what the roles receive
+as the ``provisioner_plan`` fact (they read ``values``).  No I/O here.
+
+Every rule cites the line of shared/TUNING.md it comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from provisioner.errors import BadInput
+
+FACTS_SCHEMA = 1
+
+THP_CHOICES = ("madvise", "always", "never")
+HUGEPAGES_SIZES = ("2M", "1G")
+TUNED_PROFILES = ("throughput-performance", "hpc-compute", "latency-performance")
+STORAGE_LEVELS = ("raid0", "raid1", "raid10", "single")
+STORAGE_BACKENDS = ("mdadm", "btrfs")
+MAX_HUGEPAGES_SHARE = 0.9
+MIN_DRIVES = {"raid0": 2, "raid1": 2, "raid10": 4, "single": 1}
+MD_CHUNK_KB = 512
+READ_AHEAD_KB = 4096
+GIB = 1024**3
+
+
+class PlanError(BadInput):
+    """Bad options or facts: refused before any host is touched (exit code 2)."""
+
+
+# --------------------------------------------------------------------------
+# options
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The ``plan_*`` variables, validated.  Field ``x`` is the variable ``plan_x``."""
+
+    trials: int | None = None
+    allow_oversubscription: bool = False
+    thp: str = "madvise"
+    hugepages_size: str | None = None
+    hugepages_count: int = 0
+    hugepages_share: float = 0.0
+    tuned_profile: str = "throughput-performance"
+    data_mountpoint: str = "/data"
+    storage_level: str = "raid0"
+    storage_backend: str = "mdadm"
+    storage_devices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.trials is not None and self.trials < 1:
+            raise PlanError(f"plan_trials must be 1 or more (got {self.trials})")
+        if self.thp not in THP_CHOICES:
+            raise PlanError(f"plan_thp must be one of {', '.join(THP_CHOICES)} (got {self.thp!r})")
+        if self.hugepages_size is not None and self.hugepages_size not in HUGEPAGES_SIZES:
+            raise PlanError(
+                f"plan_hugepages_size must be null, 2M or 1G (got {self.hugepages_size!r})"
+            )
+        if self.hugepages_count < 0:
+            raise PlanError(f"plan_hugepages_count must be 0 or more (got {self.hugepages_count})")
+        if not 0.0 <= self.hugepages_share <= MAX_HUGEPAGES_SHARE:
+            raise PlanError(
+                f"plan_hugepages_share must be between 0 and {MAX_HUGEPAGES_SHARE} "
+                f"(got {self.hugepages_share})"
+            )
+        if self.hugepages_count and self.hugepages_share:
+            raise PlanError("set plan_hugepages_count or plan_hugepages_share, not both")
+        if (self.hugepages_count or self.hugepages_share) and self.hugepages_size is None:
+            raise PlanError("plan_hugepages_count/plan_hugepages_share need plan_hugepages_size: 2M or 1G")
+        if self.tuned_profile not in TUNED_PROFILES:
+            raise PlanError(
+                f"plan_tuned_profile must be one of {', '.join(TUNED_PROFILES)} "
+                f"(got {self.tuned_profile!r})"
+            )
+        if not self.data_mountpoint.startswith("/") or self.data_mountpoint.rstrip("/") in (
+            "", "/boot", "/usr", "/var", "/etc", "/home", "/tmp",
+        ):
+            raise PlanError(
+                f"plan_data_mountpoint must be an absolute path of its own, like /data "
+                f"(got {self.data_mountpoint!r})"
+            )
+        if self.storage_level not in STORAGE_LEVELS:
+            raise PlanError(
+                f"plan_storage_level must be one of {', '.join(STORAGE_LEVELS)} "
+                f"(got {self.storage_level!r})"
+            )
+        if self.storage_backend not in STORAGE_BACKENDS:
+            raise PlanError(
+                f"plan_storage_backend must be one of {', '.join(STORAGE_BACKENDS)} "
+                f"(got {self.storage_backend!r})"
+            )
+
+    @classmethod
+    def known_vars(cls) -> tuple[str, ...]:
+        return tuple(f"plan_{f.name}" for f in fields(cls))
+
+    @classmethod
+    def from_vars(cls, variables: Mapping[str, Any]) -> PlanOptions:
+        """Read the ``plan_*`` keys of ``variables`` (other keys are ignored).
+
+        Values may be strings (``-e plan_trials=8``); null or "" means the default.
+        An unknown ``plan_*`` key (a typo) is refused, naming the known ones.
+        """
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(k for k in variables if k.startswith("plan_") and k[5:] not in known)
+        if unknown:
+            raise PlanError(
+                f"unknown plan option {', '.join(unknown)}; known: {', '.join(cls.known_vars())}"
+            )
+        kwargs: dict[str, Any] = {}
+        for name in known:
+            key = f"plan_{name}"
+            if key not in variables:
+                continue
+            value = variables[key]
+            if value is None or (isinstance(value, str) and value.strip() in ("", "null", "None")):
+                continue
+            kwargs[name] = _COERCE[name](key, value)
+        return cls(**kwargs)
+
+
+def _as_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise PlanError(f"{key} must be a whole number (got {value!r})")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise PlanError(f"{key} must be a whole number (got {value!r})") from None
+
+
+def _as_float(key: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise PlanError(f"{key} must be a number (got {value!r})")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise PlanError(f"{key} must be a number (got {value!r})") from None
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise PlanError(f"{key} must be true or false (got {value!r})")
+
+
+def _as_str(key: str, value: Any) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise PlanError(f"{key} must be a string (got {value!r})")
+    return str(value).strip()
+
+
+def _as_hugepages_size(key: str, value: Any) -> str:
+    text = _as_str(key, value).upper().replace("IB", "").replace("B", "")
+    aliases = {"2M": "2M", "2048K": "2M", "1G": "1G", "1024M": "1G"}
+    if text not in aliases:
+        raise PlanError(f"{key} must be null, 2M or 1G (got {value!r})")
+    return aliases[text]
+
+
+def _as_str_tuple(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in value.replace(",", " ").split() if v]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise PlanError(f"{key} must be a list of device paths (got {value!r})")
+    return tuple(v.strip() for v in value)
+
+
+_COERCE: dict[str, Callable[[str, Any], Any]] = {
+    "trials": _as_int,
+    "allow_oversubscription": _as_bool,
+    "thp": lambda k, v: _as_str(k, v).lower(),
+    "hugepages_size": _as_hugepages_size,
+    "hugepages_count": _as_int,
+    "hugepages_share": _as_float,
+    "tuned_profile": _as_str,
+    "data_mountpoint": _as_str,
+    "storage_level": lambda k, v: _as_str(k, v).lower(),
+    "storage_backend": lambda k, v: _as_str(k, v).lower(),
+    "storage_devices": _as_str_tuple,
+}
+
+
+# --------------------------------------------------------------------------
+# the plan
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Setting:
+    key: str
+    value: Any
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "reason": self.reason}
+
+
+@dataclass
+class Plan:
+    settings: list[Setting] = field(default_factory=list)
+    storage: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def value(self, key: str) -> Any:
+        for setting in self.settings:
+            if setting.key == key:
+                return setting.value
+        raise KeyError(f"no setting {key!r} in the plan; have: {', '.join(self.keys())}")
+
+    def reason(self, key: str) -> str:
+        for setting in self.settings:
+            if setting.key == key:
+                return setting.reason
+        raise KeyError(f"no setting {key!r} in the plan")
+
+    def keys(self) -> list[str]:
+        return [s.key for s in self.settings]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "settings": [s.to_dict() for s in self.settings],
+            "values": {s.key: s.value for s in self.settings},
+            "storage": self.storage,
+            "warnings": list(self.warnings),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(
+            settings=[Setting(s["key"], s["value"], s["reason"]) for s in data.get("settings", [])],
+            storage=data.get("storage"),
+            warnings=list(data.get("warnings", [])),
+        )
+
+
+# --------------------------------------------------------------------------
+# facts access
+# --------------------------------------------------------------------------
+
+
+def _need(facts: Mapping[str, Any], path: str) -> Any:
+    node: Any = facts
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise PlanError(
+                f"hardware facts lack {path}; gather them with the provisioner_facts module (schema {FACTS_SCHEMA})"
+            )
+        node = node[part]
+    return node
+
+
+def _get(facts: Mapping[str, Any], path: str, default: Any = None) -> Any:
+    node: Any = facts
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or node.get(part) is None:
+            return default
+        node = node[part]
+    return node
+
+
+def check_facts(facts: Any) -> None:
+    if not isinstance(facts, Mapping):
+        raise PlanError("no hardware facts: run the provisioner_facts module (role plan) first")
+    schema = facts.get("schema")
+    if schema != FACTS_SCHEMA:
+        raise PlanError(
+            f"hardware facts have schema {schema!r}, this plan reads schema {FACTS_SCHEMA}; "
+            "gather them again with this version's provisioner_facts"
+        )
+
+
+def _human_bytes(size: int) -> str:
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size} B"
+
+
+def _gib(size: float) -> str:
+    return f"{size / GIB:.1f} GiB"
+
+
+# --------------------------------------------------------------------------
+# one function per concern; each returns settings and may add warnings
+# --------------------------------------------------------------------------
+
+
+def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
+    """Threads per job, parallel trials, threads per trial (TUNING.md: Threads and runtimes)."""
+    cores = _need(facts, "cpu.cores")
+    threads = _need(facts, "cpu.threads")
+    if not isinstance(cores, int) or cores < 1:
+        raise PlanError(f"hardware facts report {cores!r} physical cores; need 1 or more")
+    if not isinstance(threads, int) or threads < 1:
+        raise PlanError(f"hardware facts report {threads!r} logical CPUs; need 1 or more")
+    smt = _get(facts, "cpu.threads_per_core", max(1, threads // cores))
+    if smt > 1:
+        job_reason = (
+            f"{cores}: {cores} physical cores, SMT ignored ({threads} threads; SMT adds little to "
+            "BLAS/GBDT, oversubscription collapses throughput; PyTorch CPU tuning guide)"
+        )
+    else:
+        job_reason = (
+            f"{cores}: {cores} physical cores, no SMT; one thread per core "
+            "(oversubscription collapses throughput; PyTorch CPU tuning guide)"
+        )
+    affinity = _get(facts, "cpu.affinity_cpus")
+    if isinstance(affinity, int) and 0 < affinity < threads:
+        warnings.append(
+            f"the facts were gathered in a process allowed only {affinity} of {threads} CPUs "
+            "(cpuset/affinity); jobs under the same limit should use fewer threads"
+        )
+
+    if options.trials is None:
+        trials = cores
+        trials_reason = f"{trials}: one trial per physical core (default; set plan_trials to change)"
+    else:
+        trials = options.trials
+        if trials > cores and not options.allow_oversubscription:
+            raise PlanError(
+                f"plan_trials={trials} is more than the {cores} physical cores; oversubscription "
+                "collapses throughput: lower plan_trials or set plan_allow_oversubscription: true"
+            )
+        trials_reason = f"{trials}: plan_trials"
+        if trials > cores:
+            trials_reason += f", above {cores} physical cores (plan_allow_oversubscription: true)"
+            warnings.append(
+                f"{trials} parallel trials on {cores} physical cores: oversubscribed by choice "
+                "(plan_allow_oversubscription)"
+            )
+    per_trial = max(1, cores // trials)
+    per_trial_reason = (
+        f"{per_trial}: {cores} cores // {trials} trials; each trial is a process whose threads "
+        "(XGBoost nthread, LightGBM num_threads, torch.set_num_threads, OMP_NUM_THREADS) are set "
+        "explicitly (optuna issue 2270; dmlc/xgboost issue 7653)"
+    )
+    idle = cores - per_trial * trials
+    if 0 < idle < cores and trials <= cores:
+        per_trial_reason += f"; {idle} core(s) left for the driver process"
+    return [
+        Setting("threads_per_job", cores, job_reason),
+        Setting("trials", trials, trials_reason),
+        Setting("threads_per_trial", per_trial, per_trial_reason),
+    ]
+
+
+def plan_thp(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
+    """Transparent huge pages (TUNING.md: THP)."""
+    reasons = {
+        "madvise": "madvise: numpy asks for huge pages on arrays >= 4 MB (madvise); always can bloat "
+        "memory (kernel transhuge docs; pytorch PR 115990)",
+        "always": "always: plan_thp=always, for a dedicated box; every anonymous region gets huge pages, "
+        "which can bloat memory (kernel transhuge docs)",
+        "never": "never: plan_thp=never; numpy and torch lose huge pages on large arrays (kernel transhuge docs)",
+    }
+    if options.tuned_profile == "hpc-compute" and options.thp != "always":
+        warnings.append(
+            f"tuned profile hpc-compute sets THP=always; the plan keeps plan_thp={options.thp} "
+            "(set plan_thp: always to follow the profile)"
+        )
+    current = _get(facts, "thp.enabled")
+    enabled_reason = reasons[options.thp]
+    if current is None:
+        enabled_reason += "; the kernel shows no THP controls, so this is not applicable there"
+    return [
+        Setting("thp_enabled", options.thp, enabled_reason),
+        Setting(
+            "thp_defrag",
+            "madvise",
+            "madvise: only regions that asked for huge pages stall for compaction (kernel transhuge docs)",
+        ),
+    ]
+
+
+def plan_hugepages(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
+    """Explicit hugepages (TUNING.md: vm.nr_hugepages, 1 GiB hugepages)."""
+    none_reason = (
+        "0: no named consumer uses hugetlbfs; numpy and torch use anonymous memory (THP), and reserved "
+        "pages are lost to everything else (RHEL performance tuning guide)"
+    )
+    pages_2m = Setting("hugepages_2m", 0, none_reason)
+    pages_1g = Setting("hugepages_1g", 0, none_reason)
+    size = options.hugepages_size
+    if size is None or not (options.hugepages_count or options.hugepages_share):
+        if size is not None:
+            warnings.append(f"plan_hugepages_size={size} without plan_hugepages_count or _share reserves nothing")
+        return [pages_2m, pages_1g]
+
+    total = _need(facts, "memory.total_bytes")
+    if not isinstance(total, int) or total <= 0:
+        raise PlanError("hardware facts report no memory size; cannot size hugepages")
+    page_bytes = 2 * 1024**2 if size == "2M" else GIB
+    if size == "1G" and not _get(facts, "memory.hugepages_1g_supported", False):
+        raise PlanError(
+            "plan_hugepages_size=1G but this CPU/kernel has no 1 GiB pages (no pdpe1gb); use 2M"
+        )
+    if options.hugepages_count:
+        count = options.hugepages_count
+        how = f"plan_hugepages_count={count}"
+    else:
+        count = int(total * options.hugepages_share // page_bytes)
+        how = f"plan_hugepages_share={options.hugepages_share:g} of {_gib(total)}"
+    reserved = count * page_bytes
+    if reserved > MAX_HUGEPAGES_SHARE * total:
+        raise PlanError(
+            f"plan_hugepages: {count} x {size} = {_gib(reserved)} is more than "
+            f"{MAX_HUGEPAGES_SHARE:.0%} of the {_gib(total)} of RAM; lower the count or share"
+        )
+    reason = f"{count}: {how} = {_gib(reserved)} reserved for hugetlbfs consumers, lost to everything else"
+    if size == "2M":
+        pages_2m = Setting("hugepages_2m", count, reason + " (vm.nr_hugepages, at run time)")
+    else:
+        pages_1g = Setting(
+            "hugepages_1g",
+            count,
+            reason + "; 1 GiB pages are reserved on the kernel command line only, so this needs a "
+            "reboot (kernel hugetlbpage docs)",
+        )
+    if reserved > 0.5 * total:
+        warnings.append(f"hugepages reserve {_gib(reserved)} of {_gib(total)} RAM; numpy/torch cannot use it")
+    return [pages_2m, pages_1g]
+
+
+def plan_reboot(settings: list[Setting]) -> Setting:
+    """What needs a reboot to take effect; the roles report it and never reboot on their own."""
+    needs = [s.key for s in settings if s.key == "hugepages_1g" and s.value]
+    if needs:
+        return Setting("reboot_required_for", needs, f"{', '.join(needs)}: kernel command line only")
+    return Setting("reboot_required_for", [], "nothing in this plan needs a reboot")
+
+
+def plan_cpufreq(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
+    """Governor, EPP, boost (TUNING.md: CPU frequency)."""
+    driver = _get(facts, "cpufreq.driver")
+    virt = _get(facts, "virtualization.vm") or _get(facts, "virtualization.type", "none")
+    if not driver:
+        why = "not applicable: no cpufreq driver"
+        if virt not in (None, "none"):
+            why += f" ({virt} guest: the host sets the clocks)"
+        return [
+            Setting("cpu_governor", None, why),
+            Setting("energy_performance_preference", None, why),
+            Setting("cpu_boost", None, why),
+        ]
+    available = _get(facts, "cpufreq.available_governors", []) or []
+    if available and "performance" not in available:
+        governor = Setting(
+            "cpu_governor", None, f"not applicable: driver {driver} offers no performance governor ({', '.join(available)})"
+        )
+    else:
+        governor = Setting(
+            "cpu_governor",
+            "performance",
+            f"performance: full clocks under bursty load (kernel amd-pstate docs); driver {driver}",
+        )
+    if _get(facts, "cpufreq.epp") is not None:
+        epp = Setting(
+            "energy_performance_preference",
+            "performance",
+            f"performance: {driver} has EPP; favour clocks over power (kernel amd-pstate docs)",
+        )
+    else:
+        epp = Setting("energy_performance_preference", None, f"not applicable: driver {driver} has no EPP")
+    if driver == "amd-pstate" and _get(facts, "cpufreq.amd_pstate_status") not in (None, "active"):
+        warnings.append(
+            "amd-pstate is not in active mode (amd_pstate=active on the kernel command line gives EPP)"
+        )
+    if _get(facts, "cpufreq.boost") is None:
+        boost = Setting("cpu_boost", None, f"not applicable: driver {driver} exposes no boost control")
+    else:
+        boost = Setting("cpu_boost", True, "true: boost on for full clocks (kernel amd-pstate docs)")
+    return [governor, epp, boost]
+
+
+TUNED_REASONS = {
+    "throughput-performance": "sets governor, EPP, min_perf_pct=100, swappiness 10, readahead >= 4096 KiB",
+    "hpc-compute": "throughput-performance plus THP=always, numa_balancing=0, zone_reclaim_mode=1",
+    "latency-performance": "for inference endpoints: governor performance and no deep C-states; less "
+    "throughput tuning",
+}
+
+
+def plan_os(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
+    """tuned profile, swappiness, NUMA balancing (TUNING.md: Operating system)."""
+    profile = options.tuned_profile
+    default = " (default)" if profile == "throughput-performance" else " (plan_tuned_profile)"
+    settings = [
+        Setting(
+            "tuned_profile",
+            profile,
+            f"{profile}{default}: {TUNED_REASONS[profile]} (redhat-performance/tuned profiles)",
+        ),
+        Setting("swappiness", 10, "10: keep anonymous ML memory resident (tuned throughput-performance)"),
+    ]
+    nodes = _get(facts, "cpu.numa_nodes", 1)
+    if nodes <= 1:
+        settings.append(Setting("numa_balancing", None, "not applicable: 1 NUMA node"))
+    elif profile == "hpc-compute":
+        settings.append(
+            Setting("numa_balancing", 0, f"0: {nodes} NUMA nodes, tuned hpc-compute pins instead of migrating")
+        )
+    else:
+        settings.append(
+            Setting(
+                "numa_balancing",
+                1,
+                f"1: {nodes} NUMA nodes; the kernel moves memory to unpinned jobs (pin per node "
+                "only for pinned jobs; AMD EPYC tuning guides)",
+            )
+        )
+    return settings
+
+
+def plan_runtimes(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
+    """BLAS, OpenMP runtime, KMP_*, binding, allocator (TUNING.md: Threads and runtimes)."""
+    vendor = _get(facts, "cpu.vendor", "unknown")
+    if vendor == "AuthenticAMD":
+        blas = Setting(
+            "blas",
+            "openblas",
+            "openblas: OpenBLAS has Zen 4 AVX-512 kernels; MKL only as a measured opt-in, since "
+            "MKL_DEBUG_CPU_TYPE was removed in MKL 2020.1 and MKL_ENABLE_INSTRUCTIONS does nothing on "
+            "AMD (OpenBLAS PR 4303; Intel oneMKL docs)",
+        )
+    elif vendor == "GenuineIntel":
+        blas = Setting(
+            "blas",
+            "mkl",
+            "mkl: torch bundles MKL and oneDNN on Intel; numpy/scipy wheels keep their OpenBLAS "
+            "(blas_numpy); scikit-learn-intelex optional (Intel docs)",
+        )
+    else:
+        blas = Setting("blas", "openblas", f"openblas: no vendor BLAS for {vendor}; numpy/scipy wheels bundle it")
+    return [
+        blas,
+        Setting("blas_numpy", "openblas", "openblas: the BLAS bundled in the numpy/scipy wheels"),
+        Setting(
+            "openmp_runtime",
+            "libgomp",
+            "libgomp: the GNU OpenMP of the torch, xgboost, lightgbm and OpenBLAS wheels; one runtime, "
+            "never libgomp and libiomp mixed (threadpoolctl warns)",
+        ),
+        Setting(
+            "kmp_blocktime",
+            None,
+            "not applicable: KMP_BLOCKTIME/KMP_AFFINITY only where Intel OpenMP (libiomp) is the runtime "
+            "(IPEX tuning guide)",
+        ),
+        Setting(
+            "omp_proc_bind",
+            None,
+            "not exported system-wide: OMP_PROC_BIND=close/OMP_PLACES=cores only for a single pinned job, "
+            "or every process pins to the same cores (PyTorch tuning guide)",
+        ),
+        Setting(
+            "allocator",
+            None,
+            "system malloc: jemalloc/tcmalloc via LD_PRELOAD is an opt-in per service (PyTorch tuning guide)",
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------
+# storage proposal
+# --------------------------------------------------------------------------
+
+
+def stable_id(device: Mapping[str, Any]) -> tuple[str, bool]:
+    """The name to use for a drive: a /dev/disk/by-id link (facts sort them best first), else the
+    kernel path.  Returns (path, stable)."""
+    by_id = [link for link in device.get("by_id") or [] if "-part" not in link]
+    if by_id:
+        return by_id[0], True
+    return device.get("path") or f"/dev/{device['name']}", False
+
+
+def exclusion_reason(device: Mapping[str, Any], explicit: bool = False) -> str | None:
+    """Why a drive is not free for a new data array, or None when it is."""
+    if device.get("root_disk"):
+        return "root disk: holds /, /boot or /boot/efi"
+    if device.get("mounted") or device.get("mountpoints"):
+        return f"mounted at {', '.join(device.get('mountpoints') or ['?'])}"
+    if device.get("holders"):
+        return f"in use by {', '.join(device['holders'])}"
+    if device.get("partitions"):
+        return f"has partitions ({', '.join(device['partitions'])})"
+    if device.get("signatures"):
+        return f"has a signature ({', '.join(device['signatures'])}): may hold data"
+    if device.get("signature_probe") == "failed":
+        return "could not be probed for signatures (blkid -p failed): may hold data"
+    if device.get("read_only"):
+        return "read-only"
+    if device.get("removable"):
+        return "removable"
+    if not explicit:
+        if device.get("loop"):
+            return "loop device (name it in plan_storage_devices to use it)"
+        if not device.get("nvme"):
+            kind = "rotational" if device.get("rotational") else "SATA/SAS/virtual"
+            return f"not NVMe ({kind}; name it in plan_storage_devices to use it)"
+    if not device.get("size_bytes"):
+        return "size 0"
+    return None
+
+
+def _find_device(devices: list[Mapping[str, Any]], wanted: str) -> Mapping[str, Any] | None:
+    bare = wanted[len("/dev/"):] if wanted.startswith("/dev/") and "/" not in wanted[5:] else None
+    for device in devices:
+        names = {device.get("path"), device.get("name"), *(device.get("by_id") or [])}
+        if wanted in names or (bare and bare == device.get("name")):
+            return device
+    return None
+
+
+def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> dict[str, Any]:
+    """A proposal for the data array (TUNING.md: Storage).  Never confirmed here: the storage role
+    builds nothing until the user confirms; drives in any use are never proposed."""
+    devices = list(_get(facts, "block_devices", []) or [])
+    level, backend = options.storage_level, options.storage_backend
+    excluded: list[dict[str, Any]] = []
+    candidates: list[Mapping[str, Any]] = []
+
+    if options.storage_devices:
+        for wanted in options.storage_devices:
+            device = _find_device(devices, wanted)
+            if device is None:
+                raise PlanError(f"plan_storage_devices: {wanted} is not a block device on this host")
+            why = exclusion_reason(device, explicit=True)
+            if why:
+                raise PlanError(f"plan_storage_devices: refusing {wanted}: {why}")
+            candidates.append(device)
+        for device in devices:
+            if device not in candidates:
+                why = exclusion_reason(device) or "not in plan_storage_devices"
+                excluded.append({"name": device["name"], "path": device.get("path"), "reason": why})
+    else:
+        for device in devices:
+            why = exclusion_reason(device)
+            if why:
+                excluded.append({"name": device["name"], "path": device.get("path"), "reason": why})
+            else:
+                candidates.append(device)
+
+    candidates.sort(key=lambda d: stable_id(d)[0])
+    if level == "single" and backend == "mdadm" and len(candidates) > 1:
+        for device in candidates[1:]:
+            excluded.append({"name": device["name"], "path": device.get("path"), "reason": "level single uses one drive"})
+        candidates = candidates[:1]
+
+    filesystem = "btrfs" if backend == "btrfs" else "xfs"
+    proposal: dict[str, Any] = {
+        "proposed": False,
+        "confirmed": False,
+        "level": level,
+        "backend": backend,
+        "filesystem": filesystem,
+        "chunk_kb": MD_CHUNK_KB if backend == "mdadm" and level != "single" else None,
+        "mountpoint": options.data_mountpoint,
+        "mount_options": ["noatime", "nofail"],
+        "read_ahead_kb": READ_AHEAD_KB,
+        "scheduler": "none",
+        "devices": [],
+        "excluded": excluded,
+        "usable_bytes": 0,
+        "reason": "",
+    }
+    need = MIN_DRIVES[level]
+    if len(candidates) < need:
+        found = f"{len(candidates)} unused NVMe data drive(s)" if not options.storage_devices else f"{len(candidates)} drive(s) named"
+        proposal["reason"] = f"nothing proposed: {level} needs {need} drive(s), found {found}"
+        return proposal
+
+    members = []
+    for device in candidates:
+        path, stable = stable_id(device)
+        if not stable:
+            warnings.append(
+                f"{device['name']} has no /dev/disk/by-id link; its kernel name may change across reboots"
+            )
+        members.append(
+            {"id": path, "name": device["name"], "size_bytes": device.get("size_bytes", 0), "model": device.get("model")}
+        )
+    sizes = [m["size_bytes"] for m in members]
+    smallest = min(sizes)
+    if max(sizes) > 1.1 * smallest:
+        warnings.append(f"data drives differ in size; {level} uses {_human_bytes(smallest)} of each")
+    if backend == "mdadm":
+        usable = {"raid0": smallest * len(members), "raid1": smallest,
+                  "raid10": smallest * len(members) // 2, "single": smallest}[level]
+    else:  # btrfs allocates per chunk, so unequal drives are used in full (roughly)
+        usable = sum(sizes) if level in ("raid0", "single") else sum(sizes) // 2
+    why_level = {
+        "raid0": "RAID0 for rebuildable scratch: ~2x bandwidth and capacity, one failure loses it (mdadm(8))",
+        "raid1": "RAID1: survives one drive failure, for data that cannot be rebuilt (mdadm(8))",
+        "raid10": "RAID10: striped mirrors (mdadm(8))",
+        "single": "single: no redundancy, no striping",
+    }[level]
+    layout = (
+        f"mdadm {level}, chunk {MD_CHUNK_KB} KiB, XFS (mkfs.xfs reads md geometry), mount noatime,nofail "
+        f"(RHEL XFS docs)"
+        if backend == "mdadm"
+        else f"btrfs data {level}, metadata {'raid1' if len(members) > 1 else 'dup'}, mount noatime,nofail"
+    )
+    if backend == "mdadm" and level == "single":
+        layout = "XFS directly on the drive, mount noatime,nofail (RHEL XFS docs)"
+    if backend == "btrfs":
+        proposal["metadata_profile"] = "raid1" if len(members) > 1 else "dup"
+    what = "drive(s) from plan_storage_devices" if options.storage_devices else "unused NVMe drive(s)"
+    proposal.update(
+        proposed=True,
+        devices=members,
+        usable_bytes=usable,
+        reason=(
+            f"proposal only, not confirmed: {len(members)} {what} -> {options.data_mountpoint} "
+            f"({_human_bytes(usable)}); {why_level}; {layout}"
+        ),
+    )
+    return proposal
+
+
+# --------------------------------------------------------------------------
+# everything
+# --------------------------------------------------------------------------
+
+CONCERNS: tuple[Callable[[Mapping[str, Any], PlanOptions, list[str]], list[Setting]], ...] = (
+    plan_threads,
+    plan_thp,
+    plan_hugepages,
+    plan_cpufreq,
+    plan_os,
+    plan_runtimes,
+)
+
+
+def derive_plan(facts: Mapping[str, Any], options: PlanOptions | None = None) -> Plan:
+    """Facts + options -> Plan.  Raises PlanError (one line) for bad input."""
+    options = options if options is not None else PlanOptions()
+    check_facts(facts)
+    warnings: list[str] = []
+    settings: list[Setting] = []
+    for concern in CONCERNS:
+        settings.extend(concern(facts, options, warnings))
+    settings.append(plan_reboot(settings))
+    storage = plan_storage(facts, options, warnings)
+    virt = _get(facts, "virtualization.type", "none")
+    if virt not in (None, "none"):
+        warnings.append(f"virtualized ({virt}): clocks, NUMA and drives belong to the host; figures may vary")
+    return Plan(settings=settings, storage=storage, warnings=warnings)

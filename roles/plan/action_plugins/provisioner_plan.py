@@ -1,0 +1,142 @@
+# -*- coding: utf-8 -*-
+# Copyright: provisioner contributors
+# Apache License 2.0 (see pyproject.toml)
+"""Action plugin: derive the tuning plan on the controller.
+
+Reads the ``provisioner_hardware`` fact of the host (set by the provisioner_facts module), takes
+the ``plan_*`` options from its task arguments, calls ``provisioner.plan.derive_plan`` and sets
+the ``provisioner_plan`` fact to ``Plan.to_dict()``.  A ``PlanError`` fails the task with its
+one-line reason.  Nothing runs on the target, so it behaves the same in check mode.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: provisioner_plan
+short_description: Derive the tuning plan from the hardware facts (controller side)
+description:
+  - Calls C(provisioner.plan.derive_plan) with the host's C(provisioner_hardware) fact and the
+    C(plan_*) options given as task arguments, and sets the C(provisioner_plan) fact.
+  - Refuses C(plan_*) variables it does not know (typos), in the arguments and among the host's variables.
+options:
+  facts:
+    description: Hardware facts to use instead of the host's C(provisioner_hardware) fact.
+    type: dict
+  plan_trials:
+    description: Parallel trials; null means one per physical core.
+    type: int
+  plan_allow_oversubscription:
+    description: Allow more trials than physical cores.
+    type: bool
+  plan_thp:
+    description: Transparent huge pages mode.
+    type: str
+    choices: [madvise, always, never]
+  plan_hugepages_size:
+    description: Explicit hugepage size, or null for none.
+    type: str
+    choices: [2M, 1G]
+  plan_hugepages_count:
+    description: Explicit hugepages to reserve.
+    type: int
+  plan_hugepages_share:
+    description: Share of RAM to reserve as explicit hugepages (0 to 0.9).
+    type: float
+  plan_tuned_profile:
+    description: tuned profile.
+    type: str
+    choices: [throughput-performance, hpc-compute, latency-performance]
+  plan_data_mountpoint:
+    description: Where the data array would be mounted.
+    type: path
+  plan_storage_level:
+    description: RAID level of the data array proposal.
+    type: str
+    choices: [raid0, raid1, raid10, single]
+  plan_storage_backend:
+    description: mdadm (with XFS) or btrfs.
+    type: str
+    choices: [mdadm, btrfs]
+  plan_storage_devices:
+    description: Drives to use instead of every unused NVMe drive (still refused when in use).
+    type: list
+    elements: str
+author:
+  - provisioner contributors
+"""
+
+import os
+import sys
+
+from ansible.plugins.action import ActionBase
+
+try:
+    from provisioner.plan import PlanError, PlanOptions, derive_plan
+except ImportError:  # plain ansible-playbook without the package installed: use the checkout's copy
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+    from provisioner.plan import PlanError, PlanOptions, derive_plan
+
+
+def _plain(value):
+    """Strip Ansible's tagged/lazy containers down to plain Python values."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return value
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp=None, task_vars=None):
+        task_vars = task_vars or {}
+        result = super(ActionModule, self).run(tmp, task_vars)
+        result["changed"] = False
+
+        args = _plain(dict(self._task.args))
+        facts = args.pop("facts", None)
+        if facts is None:
+            facts = (task_vars.get("ansible_facts") or {}).get("provisioner_hardware")
+        if facts is None:
+            facts = task_vars.get("provisioner_hardware")
+        if facts is None:
+            result.update(failed=True, msg="no provisioner_hardware facts for this host: run the provisioner_facts module first (role plan)")
+            return result
+
+        not_plan = sorted(k for k in args if not k.startswith("plan_"))
+        if not_plan:
+            result.update(failed=True, msg="provisioner_plan takes plan_* options and facts, not: %s" % ", ".join(not_plan))
+            return result
+        # A typo among the host's variables (plan_trails: 8) would otherwise be silently ignored.
+        known = set(PlanOptions.known_vars())
+        typos = sorted(k for k in task_vars if isinstance(k, str) and k.startswith("plan_") and k not in known)
+        try:
+            if typos:
+                PlanOptions.from_vars(dict.fromkeys(typos))  # raises, naming them and the known ones
+            options = PlanOptions.from_vars(args)
+            plan = derive_plan(_plain(facts), options)
+        except PlanError as exc:
+            result.update(failed=True, msg=str(exc))
+            return result
+
+        plan_dict = plan.to_dict()
+        result["ansible_facts"] = {"provisioner_plan": plan_dict}
+        result["msg"] = "%d settings, storage %s, %d warning(s)" % (
+            len(plan_dict["settings"]),
+            "proposed" if (plan_dict["storage"] or {}).get("proposed") else "not proposed",
+            len(plan_dict["warnings"]),
+        )
+        return result
