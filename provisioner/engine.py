@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -277,27 +279,35 @@ def run_playbook(
     ensure_tools_on_path()
     runs = paths.state_dir() / "runs"
     runs.mkdir(parents=True, exist_ok=True)
+    # ansible-runner writes a run's cmdline, extra vars and env into its private data
+    # dir and reads them back next time: every run gets a fresh one, or a --check or a
+    # -e from an earlier run would silently apply to this one.
+    private = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
     ident = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
     collector = _EventCollector(on_progress)
     cmdline = " ".join(["--check --diff" if check else "", *(["-" + "v" * verbosity] if verbosity else [])])
     started = time.monotonic()
-    runner = ansible_runner.run(
-        private_data_dir=str(runs),
-        ident=ident,
-        project_dir=str(paths.PLAYBOOKS),
-        playbook=str(book),
-        inventory=str(inventory),
-        limit=limit,
-        tags=",".join(tags) or None,
-        skip_tags=",".join(skip_tags) or None,
-        extravars=extravars or {},
-        cmdline=cmdline.strip() or None,
-        envvars=_run_env(accept_new_host_keys),
-        event_handler=collector.handle,
-        quiet=True,
-        rotate_artifacts=KEEP_ARTIFACTS,
-        timeout=None,
-    )
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(private),
+            artifact_dir=str(runs / "artifacts"),
+            ident=ident,
+            project_dir=str(paths.PLAYBOOKS),
+            playbook=str(book),
+            inventory=str(inventory),
+            limit=limit,
+            tags=",".join(tags) or None,
+            skip_tags=",".join(skip_tags) or None,
+            extravars=extravars or {},
+            cmdline=cmdline.strip() or None,
+            envvars=_run_env(accept_new_host_keys),
+            event_handler=collector.handle,
+            quiet=True,
+            rotate_artifacts=KEEP_ARTIFACTS,
+            timeout=None,
+        )
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     seconds = time.monotonic() - started
     artifact_dir = Path(runner.config.artifact_dir)
     if runner.rc != 0 and not collector.hosts:

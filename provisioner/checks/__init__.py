@@ -7,7 +7,8 @@ inventory variables, so it checks what was asked for on that host.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterator
 
 import yaml
 
@@ -23,3 +24,11 @@ def role_vars(host: Any, role: str) -> dict[str, Any]:
         inventory = {}
     prefix = f"{role}_"
     return {**defaults, **{k: v for k, v in inventory.items() if k.startswith(prefix)}}
+
+
+@contextmanager
+def as_root(host: Any) -> Iterator[None]:
+    """Run the enclosed commands as root: directly when logged in as root, else through sudo."""
+    ctx = nullcontext() if host.user().uid == 0 else host.sudo()
+    with ctx:
+        yield
