@@ -147,7 +147,11 @@ def test_unknown_host_key_needs_explicit_trust(lab_server, tmp_path):
     assert "not in known_hosts" in r.stderr and "--accept-new-host-keys" in r.stderr
     r = cli("facts", "-i", str(inv), "--accept-new-host-keys", "--json")
     assert r.returncode == ExitCode.OK, r.stderr
-    assert lab_server.address in (tmp_path / "known_hosts").read_text()
+    found = subprocess.run(
+        ["ssh-keygen", "-F", lab_server.address, "-f", str(tmp_path / "known_hosts")], capture_output=True, text=True
+    )
+    real_key = lab_server.known_hosts.read_text().split()[2]
+    assert found.returncode == 0 and real_key in found.stdout, "the first-seen key was not recorded"
 
 
 def test_unreachable_host(tmp_path):
