@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from rich.text import Text
 
 from . import __version__, engine, options, render
 from .errors import ExitCode, ProvisionerError
@@ -184,10 +185,7 @@ def lab_up(
     if json:
         render.print_json(server.to_dict())
         return
-    render.console.print(f"[green]{server.name}[/green] is up at {server.address}")
-    render.console.print(f"  ssh:       ssh -F {server.ssh_config} {server.name}")
-    render.console.print(f"  provision: provisioner up -i {server.inventory}")
-    render.console.print(f"  discard:   provisioner lab down {server.name}")
+    render.lab_server(server)
 
 
 @lab_app.command("down")
@@ -199,7 +197,7 @@ def lab_down(name: Annotated[str, typer.Argument(help="Server name.")]) -> None:
         removed = lab.down(name)
     except ProvisionerError as exc:
         raise _fail(exc) from exc
-    render.console.print(f"{name}: {'discarded' if removed else 'no such lab server'}")
+    render.console.print(Text(f"{name}: {'discarded' if removed else 'no such lab server'}"))
 
 
 @lab_app.command("list")

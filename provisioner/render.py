@@ -35,7 +35,7 @@ def _progress_table(hosts: dict[str, HostResult]) -> Table:
     for col in ("host", "task", "ok", "changed", "failed", "unreachable"):
         table.add_column(col, justify="right" if col not in ("host", "task") else "left")
     for h in hosts.values():
-        table.add_row(h.host, h.task, str(h.ok), str(h.changed), str(h.failed), str(h.unreachable))
+        table.add_row(Text(h.host), Text(h.task), str(h.ok), str(h.changed), str(h.failed), str(h.unreachable))
     return table
 
 
@@ -62,7 +62,7 @@ def run_summary(result: RunResult) -> None:
         table.add_column(col, justify="left" if col in ("host", "status") else "right")
     for h in result.hosts.values():
         table.add_row(
-            h.host,
+            Text(h.host),
             Text(h.status, style=_STATUS_STYLE.get(h.status, "")),
             str(h.ok),
             str(h.changed),
@@ -74,7 +74,7 @@ def run_summary(result: RunResult) -> None:
     for h in result.hosts.values():
         for e in h.errors:
             error(e)
-    console.print(f"[dim]{result.seconds:.1f} s; log: {result.artifact_dir}[/dim]")
+    console.print(Text(f"{result.seconds:.1f} s; log: {result.artifact_dir}", style="dim"))
 
 
 def changes(result: RunResult) -> None:
@@ -84,7 +84,7 @@ def changes(result: RunResult) -> None:
         return
     verb = "would change" if result.check else "changed"
     for c in result.changes:
-        console.print(f"[yellow]{verb}[/yellow] {c.host}: {c.task}")
+        console.print(Text(f"{verb} ", style="yellow") + Text(f"{c.host}: {c.task}"))
         for d in c.diff:
             text = _diff_text(d)
             if text:
@@ -134,8 +134,8 @@ def facts(facts_by_host: dict[str, dict[str, Any]]) -> None:
             ("virtualization", f"{virt.get('type')} ({virt.get('role')})"),
             ("os", f"{os_.get('pretty_name')}, kernel {os_.get('kernel')}"),
         ]
-        for r in rows:
-            table.add_row(*r)
+        for what, value in rows:
+            table.add_row(what, Text(value))
         console.print(table)
         devices = f.get("block_devices") or []
         if devices:
@@ -144,7 +144,13 @@ def facts(facts_by_host: dict[str, dict[str, Any]]) -> None:
                 dt.add_column(col)
             for d in devices:
                 used = _in_use(d)
-                dt.add_row(d.get("path"), f"{(d.get('size_bytes') or 0) / 1e9:.1f} GB", str(d.get("model") or ""), "yes" if d.get("nvme") else "no", used or "no")
+                dt.add_row(
+                    Text(str(d.get("path"))),
+                    f"{(d.get('size_bytes') or 0) / 1e9:.1f} GB",
+                    Text(str(d.get("model") or "")),
+                    "yes" if d.get("nvme") else "no",
+                    Text(used or "no"),
+                )
             console.print(dt)
 
 
@@ -171,13 +177,14 @@ def plan(plans_by_host: dict[str, dict[str, Any]]) -> None:
         table.add_column("why")
         for s in p.get("settings", []):
             value = s["value"]
-            table.add_row(s["key"], "-" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value), s["reason"])
+            shown = "-" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+            table.add_row(s["key"], Text(shown), Text(s["reason"]))
         console.print(table)
         storage = p.get("storage")
         if storage:
-            console.print(f"[bold]storage proposal[/bold]: {json.dumps(storage)}")
+            console.print(Text("storage proposal: ", style="bold") + Text(json.dumps(storage)))
         for w in p.get("warnings", []):
-            console.print(f"[yellow]warning[/yellow]: {w}")
+            console.print(Text("warning: ", style="yellow") + Text(w))
 
 
 def verify_summary(result: VerifyResult) -> None:
@@ -187,7 +194,7 @@ def verify_summary(result: VerifyResult) -> None:
         table.add_column("result")
         table.add_column("detail")
         for c in checks:
-            table.add_row(c.check, Text(c.outcome, style=_STATUS_STYLE.get(c.outcome, "")), c.message)
+            table.add_row(Text(c.check), Text(c.outcome, style=_STATUS_STYLE.get(c.outcome, "")), Text(c.message))
         console.print(table)
     if not result.checks:
         error("no checks ran: is the inventory's host pattern right?")
@@ -198,5 +205,12 @@ def lab_servers(servers: list[Any]) -> None:
     for col in ("name", "address", "state", "inventory"):
         table.add_column(col)
     for s in servers:
-        table.add_row(s.name, s.address, "up" if s.alive else "dead (run lab down)", str(s.inventory))
+        table.add_row(Text(s.name), s.address, "up" if s.alive else "dead (run lab down)", Text(str(s.inventory)))
     console.print(table)
+
+
+def lab_server(server: Any) -> None:
+    console.print(Text(server.name, style="green") + Text(f" is up at {server.address}"))
+    console.print(Text(f"  ssh:       ssh -F {server.ssh_config} {server.name}"))
+    console.print(Text(f"  provision: provisioner up -i {server.inventory}"))
+    console.print(Text(f"  discard:   provisioner lab down {server.name}"))

@@ -52,6 +52,7 @@ def test_applied_plan_recorded(host, common):
 
 def test_system_python_left_to_apt(host):
     """PEP 668: the system Python stays externally managed; the ML stack lives in a venv."""
-    marker = host.check_output("python3 -c 'import sysconfig; print(sysconfig.get_path(\"stdlib\"))'")
-    assert host.file(f"{marker}/EXTERNALLY-MANAGED").exists
-    assert host.run("python3 -m venv --help").rc == 0
+    system_python = "/usr/bin/python3"  # Debian's, whatever else is first on PATH
+    stdlib = host.check_output(f"{system_python} -c 'import sysconfig; print(sysconfig.get_path(\"stdlib\"))'")
+    assert host.file(f"{stdlib}/EXTERNALLY-MANAGED").exists
+    assert host.run(f"{system_python} -m venv --help").rc == 0
