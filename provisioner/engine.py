@@ -87,6 +87,7 @@ class RunResult:
     changes: list[Change]
     artifact_dir: Path
     seconds: float
+    hostvars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -271,7 +272,7 @@ def run_playbook(
     import ansible_runner
 
     check_tags(tags, skip_tags)
-    inventory_hosts(inventory)  # refuse a malformed inventory before any host is touched
+    hostvars = inventory_hosts(inventory)  # refuse a malformed inventory before any host is touched
     book = paths.PLAYBOOKS / playbook
     if not book.exists():
         raise ProvisionerError(f"playbook {book} is missing: reinstall provisioner")
@@ -323,6 +324,7 @@ def run_playbook(
         changes=collector.changes,
         artifact_dir=artifact_dir,
         seconds=seconds,
+        hostvars=hostvars,
     )
 
 

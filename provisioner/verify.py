@@ -76,13 +76,16 @@ class _Collector:
         self.results.append(CheckResult(host, name, report.outcome, message))
 
 
-def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] = ("common",)) -> VerifyResult:
-    """Run the checks of the given roles on every host of the inventory (or the limit)."""
+def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] | None = None) -> VerifyResult:
+    """Run the checks of the given roles (default: every role) on every host of the inventory."""
     import pytest
 
     engine.inventory_hosts(inventory)  # a malformed inventory is refused first
     engine.ensure_tools_on_path()  # testinfra's ansible backend runs ansible-inventory
-    files = [str(CHECKS / f"test_{r}.py") for r in roles if (CHECKS / f"test_{r}.py").exists()]
+    if roles is None:
+        files = sorted(str(p) for p in CHECKS.glob("test_*.py"))
+    else:
+        files = [str(CHECKS / f"test_{r}.py") for r in roles if (CHECKS / f"test_{r}.py").exists()]
     collector = _Collector()
     args = [
         *files,

@@ -1,29 +1,57 @@
 """testinfra checks that prove a role's result on a target.
 
 `provisioner verify` runs them against an inventory; the molecule scenarios run the
-same functions. Each check reads the role's defaults, overlaid with the host's
-inventory variables, so it checks what was asked for on that host.
+same functions. Each check reads the role's options as that host got them: the role's
+defaults, overlaid with the host's inventory variables, with defaults derived from the
+plan rendered from the plan the host recorded (/etc/provisioner/plan.json).
 """
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
+import jinja2
 import yaml
 
 from .. import paths
 
+PLAN_FILE = "/etc/provisioner/plan.json"
+
+
+def applied_plan(host: Any) -> dict[str, Any]:
+    """The plan recorded on the target by the last run ({} before the first)."""
+    f = host.file(PLAN_FILE)
+    return json.loads(f.content_string) if f.exists else {}
+
 
 def role_vars(host: Any, role: str) -> dict[str, Any]:
-    """The role's defaults overlaid with the host's inventory variables for that role."""
+    """The role's options for this host: defaults, inventory overrides, plan-derived values."""
     defaults = yaml.safe_load((paths.ROLES / role / "defaults" / "main.yml").read_text()) or {}
     try:
         inventory = host.ansible.get_variables()
     except Exception:  # not an ansible:// host: defaults only
         inventory = {}
     prefix = f"{role}_"
-    return {**defaults, **{k: v for k, v in inventory.items() if k.startswith(prefix)}}
+    merged = {**defaults, **{k: v for k, v in inventory.items() if k.startswith(prefix)}}
+    if any(isinstance(v, str) and "{{" in v for v in merged.values()):
+        merged = _render(merged, {**inventory, "provisioner_plan": applied_plan(host)})
+    return merged
+
+
+def _render(values: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    env = jinja2.Environment(undefined=jinja2.ChainableUndefined)
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, str) and "{{" in value:
+            text = env.from_string(value).render({**context, **out})
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                value = text
+        out[key] = value
+    return out
 
 
 @contextmanager
