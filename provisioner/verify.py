@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import engine
+import yaml
+
+from . import engine, paths
 from .errors import ExitCode
 
 CHECKS = Path(__file__).resolve().parent / "checks"
@@ -76,16 +78,20 @@ class _Collector:
         self.results.append(CheckResult(host, name, report.outcome, message))
 
 
+def site_roles() -> tuple[str, ...]:
+    """The roles playbooks/site.yml applies, in order."""
+    plays = yaml.safe_load((paths.PLAYBOOKS / "site.yml").read_text()) or []
+    names = [r["role"] if isinstance(r, dict) else r for play in plays for r in play.get("roles", [])]
+    return tuple(dict.fromkeys(names))
+
+
 def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] | None = None) -> VerifyResult:
-    """Run the checks of the given roles (default: every role) on every host of the inventory."""
+    """Run the checks of the given roles (default: those site.yml applies) on every host of the inventory."""
     import pytest
 
     engine.inventory_hosts(inventory)  # a malformed inventory is refused first
     engine.ensure_tools_on_path()  # testinfra's ansible backend runs ansible-inventory
-    if roles is None:
-        files = sorted(str(p) for p in CHECKS.glob("test_*.py"))
-    else:
-        files = [str(CHECKS / f"test_{r}.py") for r in roles if (CHECKS / f"test_{r}.py").exists()]
+    files = [str(CHECKS / f"test_{r}.py") for r in roles or site_roles() if (CHECKS / f"test_{r}.py").exists()]
     collector = _Collector()
     args = [
         *files,

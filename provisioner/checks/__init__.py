@@ -13,6 +13,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
 import jinja2
+from jinja2.nativetypes import NativeEnvironment
 import yaml
 
 from .. import paths
@@ -41,17 +42,27 @@ def role_vars(host: Any, role: str) -> dict[str, Any]:
 
 
 def _render(values: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
-    env = jinja2.Environment(undefined=jinja2.ChainableUndefined)
+    # Native types, as Ansible gives them: a null plan value stays None, a count an int.
+    env = NativeEnvironment(undefined=jinja2.ChainableUndefined)
+    env.filters.update(_ansible_filters())
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, str) and "{{" in value:
-            text = env.from_string(value).render({**context, **out})
             try:
-                value = yaml.safe_load(text)
-            except yaml.YAMLError:
-                value = text
+                value = env.from_string(value).render({**context, **out})
+            except jinja2.TemplateError:
+                value = None  # needs what only a play knows (gathered facts): unknown here
         out[key] = value
     return out
+
+
+def _ansible_filters() -> dict[str, Any]:
+    from ansible.plugins.filter.core import FilterModule as Core
+    from ansible.plugins.filter.mathstuff import FilterModule as Math
+
+    filters = {**Core().filters(), **Math().filters()}
+    filters.pop("default", None)  # Ansible's wraps its own Undefined type; jinja2's is the same rule
+    return filters
 
 
 @contextmanager

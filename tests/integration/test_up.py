@@ -80,7 +80,10 @@ def test_first_run_changes_and_verifies(provisioned):
     assert out["hosts"][host]["changed"] > 0
     assert out["hosts"][host]["failed"] == 0
     checks = out["verify"]["hosts"][host]
-    assert checks and all(c["outcome"] == "passed" for c in checks), checks
+    assert [c for c in checks if c["outcome"] not in ("passed", "skipped")] == []
+    assert sum(c["outcome"] == "passed" for c in checks) >= 7, checks
+    # Skips are for what a container cannot show (read-only kernel knobs), each with its reason.
+    assert all(c["message"] for c in checks if c["outcome"] == "skipped"), checks
     assert out["plan"][host]["values"]["threads_per_job"] >= 1
 
 
