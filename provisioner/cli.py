@@ -105,12 +105,18 @@ def up(
     skip_tags: Annotated[Optional[list[str]], typer.Option("--skip-tags", help="Skip roles/phases with these tags; repeatable.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Show what would change, with diffs; change nothing.")] = False,
     extra_vars: ExtraVars = None,
+    reboot: Annotated[
+        bool,
+        typer.Option("--reboot", help="Reboot hosts whose tuning needs it, once each, then verify (never this machine)."),
+    ] = False,
     verify_after: Annotated[bool, typer.Option("--verify/--no-verify", help="Run the testinfra checks after applying.")] = True,
     json: Json = False,
     verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log.")] = 0,
     accept_new_host_keys: AcceptNew = False,
 ) -> None:
     """Provision: discover, plan, apply the roles, then verify. Re-running changes nothing."""
+    from . import reboot as reboots
+
     try:
         inv = engine.resolve_inventory(inventory)
         extravars = options.parse_extra_vars(extra_vars or [])
@@ -127,17 +133,28 @@ def up(
                 accept_new_host_keys=accept_new_host_keys,
                 on_progress=progress,
             )
+        decision = reboots.decide(result.facts, result.hostvars, allow_reboot=reboot and not check)
+        rebooted = None
+        if decision.reboot and result.exit_code == ExitCode.OK:
+            rebooted = engine.run_playbook(
+                "reboot.yml", inv, limit=",".join(decision.reboot), accept_new_host_keys=accept_new_host_keys
+            )
         verified = None
-        if verify_after and not check and result.exit_code == ExitCode.OK:
-            from .verify import verify
+        failed = result.exit_code != ExitCode.OK or (rebooted is not None and rebooted.exit_code != ExitCode.OK)
+        if verify_after and not check and not failed:
+            from .verify import roles_for_tags, verify
 
-            verified = verify(inv, limit=limit)
+            verified = verify(inv, limit=limit, roles=roles_for_tags(_split(tags), _split(skip_tags)))
     except ProvisionerError as exc:
         raise _fail(exc) from exc
-    code = result.exit_code if result.exit_code != ExitCode.OK or verified is None else verified.exit_code
+    code = next(
+        (r.exit_code for r in (result, rebooted, verified) if r is not None and r.exit_code != ExitCode.OK), ExitCode.OK
+    )
     if json:
         out: dict[str, Any] = result.to_dict()
         out["plan"] = {h: f.get("provisioner_plan") for h, f in result.facts.items()}
+        out["reboot"] = decision.to_dict()
+        out["rebooted"] = rebooted.to_dict() if rebooted else None
         out["verify"] = verified.to_dict() if verified else None
         out["exit_code"] = int(code)
         render.print_json(out)
@@ -145,9 +162,40 @@ def up(
         if check or verbose:
             render.changes(result)
         render.run_summary(result)
+        if rebooted is not None:
+            render.run_summary(rebooted)
+        render.reboots(decision, allowed=reboot)
         if verified is not None:
             render.verify_summary(verified)
     raise typer.Exit(int(code))
+
+
+@app.command()
+def undo(
+    inventory: Inventory = None,
+    limit: Limit = None,
+    check: Annotated[bool, typer.Option("--check", help="Show what would be restored; change nothing.")] = False,
+    json: Json = False,
+    accept_new_host_keys: AcceptNew = False,
+) -> None:
+    """Restore the values provisioner's tuning changed, as recorded on each host before its first change.
+
+    Running it twice is harmless. Base packages and the ML user stay.
+    """
+    try:
+        inv = engine.resolve_inventory(inventory)
+        with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
+            result = engine.run_playbook(
+                "undo.yml", inv, limit=limit, check=check, accept_new_host_keys=accept_new_host_keys, on_progress=progress
+            )
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    if json:
+        render.print_json(result.to_dict())
+    else:
+        render.changes(result)
+        render.run_summary(result)
+    raise typer.Exit(int(result.exit_code))
 
 
 @app.command()

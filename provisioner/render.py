@@ -214,3 +214,11 @@ def lab_server(server: Any) -> None:
     console.print(Text(f"  ssh:       ssh -F {server.ssh_config} {server.name}"))
     console.print(Text(f"  provision: provisioner up -i {server.inventory}"))
     console.print(Text(f"  discard:   provisioner lab down {server.name}"))
+
+
+def reboots(decision: Any, allowed: bool) -> None:
+    for host, reasons in decision.reboot.items():
+        console.print(Text(f"rebooted {host}: " + "; ".join(reasons), style="yellow"))
+    for host, reasons in decision.pending.items():
+        how = "reboot it yourself (this machine is never rebooted)" if allowed else "run again with --reboot"
+        console.print(Text(f"reboot pending on {host}: " + "; ".join(reasons) + f"; {how}", style="yellow"))

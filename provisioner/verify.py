@@ -6,7 +6,7 @@ import io
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -83,6 +83,18 @@ def site_roles() -> tuple[str, ...]:
     plays = yaml.safe_load((paths.PLAYBOOKS / "site.yml").read_text()) or []
     names = [r["role"] if isinstance(r, dict) else r for play in plays for r in play.get("roles", [])]
     return tuple(dict.fromkeys(names))
+
+
+def roles_for_tags(tags: Sequence[str] = (), skip_tags: Sequence[str] = ()) -> tuple[str, ...]:
+    """The site roles a run with these tags applied (a role's tag or one of its phase tags)."""
+
+    def tagged(role: str, selection: Sequence[str]) -> bool:
+        return any(t == role or t.startswith(f"{role}_") for t in selection)
+
+    roles = site_roles()
+    if tags and "all" not in tags:
+        roles = tuple(r for r in roles if tagged(r, tags))
+    return tuple(r for r in roles if not tagged(r, skip_tags))
 
 
 def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] | None = None) -> VerifyResult:

@@ -1,0 +1,115 @@
+"""Host-level: tune THIS machine over the local connection, check the live kernel, undo.
+
+Lab servers cannot show live vm.*/THP values (read-only in a container), so this test
+applies cpu_tuning, hugepages (2M) and thread_env to the machine running the tests,
+asserts the live values, runs `provisioner undo` (twice) and asserts every value is back.
+Whatever happens, the fixture writes the recorded values back at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provisioner.errors import ExitCode
+
+pytestmark = pytest.mark.host
+
+BIN = Path(sys.executable).parent / "provisioner"
+KNOBS = {
+    "nr_hugepages": Path("/proc/sys/vm/nr_hugepages"),
+    "swappiness": Path("/proc/sys/vm/swappiness"),
+    "thp_enabled": Path("/sys/kernel/mm/transparent_hugepage/enabled"),
+    "thp_defrag": Path("/sys/kernel/mm/transparent_hugepage/defrag"),
+}
+ROLES = "plan,common,cpu_tuning,hugepages,thread_env"
+# Values that differ from any kernel default, so a live change is visible.
+OPTIONS = ["-e", "plan_hugepages_size=2M", "-e", "plan_hugepages_count=16", "-e", "plan_thp=always"]
+
+
+def read(knob: str) -> str:
+    text = KNOBS[knob].read_text().strip()
+    if "[" in text:  # THP files show the choice in brackets
+        return text.split("[", 1)[1].split("]", 1)[0]
+    return text
+
+
+def login_shell(var: str, user: str = "root") -> str:
+    cmd = ["env", "-i", "HOME=/root", "bash", "-lc", f"echo ${var}"]
+    if user != "root":
+        cmd = ["su", "-", user, "-c", f"echo ${var}"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def before():
+    for knob, path in KNOBS.items():
+        if not path.exists():
+            pytest.skip(f"{path} is missing on this kernel")
+    values = {k: read(k) for k in KNOBS}
+    assert login_shell("OMP_NUM_THREADS") == "", "OMP_NUM_THREADS is already set in login shells here"
+    yield values
+    # Safety net: whatever the test did, the machine ends as it started.
+    cli("undo")
+    for knob, value in values.items():
+        if read(knob) != value:
+            KNOBS[knob].write_text(value)
+
+
+@pytest.fixture(scope="module")
+def applied(before):
+    r = cli("up", "--tags", ROLES, *OPTIONS, "--json")
+    assert r.returncode == ExitCode.OK, r.stdout[-4000:] + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_live_values_follow_the_plan(applied, before):
+    values = applied["plan"]["localhost"]["values"]
+    assert read("swappiness") == str(values["swappiness"]) == "10"
+    assert read("thp_enabled") == values["thp_enabled"] == "always"
+    assert read("thp_defrag") == values["thp_defrag"]
+    # The kernel may reserve fewer pages than asked when memory is fragmented; here 16 fit.
+    assert read("nr_hugepages") == "16"
+
+
+def test_login_shells_get_the_plans_threads(applied):
+    threads = str(applied["plan"]["localhost"]["values"]["threads_per_job"])
+    assert login_shell("OMP_NUM_THREADS") == threads
+    assert login_shell("OPENBLAS_NUM_THREADS") == threads
+    assert login_shell("OMP_NUM_THREADS", user="ml") == threads
+    assert login_shell("OMP_PROC_BIND") == "", "pinning must never be exported system-wide"
+
+
+def test_services_get_the_plans_threads(applied):
+    """systemd is not PID 1 on this machine: check the manager drop-in services read."""
+    threads = applied["plan"]["localhost"]["values"]["threads_per_job"]
+    dropins = list(Path("/etc/systemd/system.conf.d").glob("*provisioner*"))
+    assert dropins, "no systemd manager drop-in"
+    text = "".join(p.read_text() for p in dropins)
+    assert "DefaultEnvironment=" in text and f"OMP_NUM_THREADS={threads}" in text
+
+
+def test_second_run_changes_nothing(applied):
+    r = cli("up", "--tags", ROLES, *OPTIONS, "--json", "--no-verify")
+    assert r.returncode == ExitCode.OK, r.stderr
+    assert json.loads(r.stdout)["hosts"]["localhost"]["changed"] == 0
+
+
+def test_undo_restores_every_value_and_is_harmless_twice(applied, before):
+    r = cli("undo", "--json")
+    assert r.returncode == ExitCode.OK, r.stdout[-4000:] + r.stderr
+    assert {k: read(k) for k in KNOBS} == before
+    assert login_shell("OMP_NUM_THREADS") == ""
+    assert not list(Path("/etc/systemd/system.conf.d").glob("*provisioner*"))
+    again = cli("undo", "--json")
+    assert again.returncode == ExitCode.OK, again.stderr
+    assert json.loads(again.stdout)["hosts"]["localhost"]["changed"] == 0
+    assert {k: read(k) for k in KNOBS} == before
