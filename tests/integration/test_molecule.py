@@ -36,3 +36,10 @@ def test_molecule(scenario, lab_requirements):
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     assert "idempotence" in (r.stdout + r.stderr).lower()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario_checks_host_keys_and_keeps_no_mux(scenario):
+    env = yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text())["provisioner"]["env"]
+    assert env["ANSIBLE_HOST_KEY_CHECKING"] == "True"
+    assert "ControlMaster=no" in env["ANSIBLE_SSH_ARGS"] and "StrictHostKeyChecking=yes" in env["ANSIBLE_SSH_ARGS"]
