@@ -647,11 +647,13 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
                 raise PlanError(f"plan_storage_devices: refusing {wanted}: {why}")
             candidates.append(device)
         for device in devices:
-            if device not in candidates:
+            if device not in candidates and not device.get("loop"):
                 why = exclusion_reason(device) or "not in plan_storage_devices"
                 excluded.append({"name": device["name"], "path": device.get("path"), "reason": why})
     else:
-        for device in devices:
+        # Loop devices are files, not drives: never proposed, and not worth listing (they come
+        # and go with other software on the host, which would make the plan itself change).
+        for device in (d for d in devices if not d.get("loop")):
             why = exclusion_reason(device)
             if why:
                 excluded.append({"name": device["name"], "path": device.get("path"), "reason": why})
