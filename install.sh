@@ -22,7 +22,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 packages=(python3 python3-venv python3-apt openssh-client)
-[ "$lab" = 1 ] && packages+=(systemd-container mmdebstrap iptables openssh-server zstd iproute2 util-linux)
+[ "$lab" = 1 ] && packages+=(systemd-container mmdebstrap iptables openssh-server zstd iproute2 util-linux btrfs-progs xfsprogs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -27,7 +27,8 @@ from .errors import BadInput, ExitCode, ProvisionerError
 KEEP_ARTIFACTS = 20
 
 # The role that validates input and derives the plan; it changes nothing, so a failure
-# there is bad input refused before any host was touched.
+# there (or in any role's preflight phase, which site.yml runs first) is bad input refused
+# before any host was touched.
 PLAN_ROLE = "plan"
 
 # Tags every playbook accepts without a role declaring them.
@@ -360,7 +361,7 @@ class _EventCollector:
                 host.ok += 1
             else:
                 host.failed += 1
-                if data.get("role") == PLAN_ROLE:
+                if _is_preflight(data):
                     host.refused += 1
                 host.errors.append(f"{task}: {_failure_message(res)}")
         elif kind == "runner_on_unreachable":
@@ -386,6 +387,12 @@ class _EventCollector:
             self.changes.append(Change(host.host, task, diffs if isinstance(diffs, list) else [diffs]))
         elif res.get("changed"):
             self.changes.append(Change(host.host, task, []))
+
+
+def _is_preflight(data: dict[str, Any]) -> bool:
+    """A failure before anything changed: the plan role, or a role's read-only preflight phase."""
+    path = str(data.get("task_path") or "").rsplit(":", 1)[0]
+    return data.get("role") == PLAN_ROLE or path.endswith("/tasks/preflight.yml")
 
 
 def _failure_message(res: dict[str, Any]) -> str:
