@@ -213,6 +213,36 @@ def verify(inventory: Inventory = None, limit: Limit = None, json: Json = False)
     raise typer.Exit(int(result.exit_code))
 
 
+@app.command()
+def bundle(
+    dest: Annotated[Optional[Path], typer.Argument(help="Wheelhouse directory [default: /var/cache/provisioner/wheelhouse]")] = None,
+    component: Annotated[
+        Optional[list[str]], typer.Option("-c", "--component", help="core, gbdt, torch, hpo, distributed, serving, notebook, sklearnex; repeatable.")
+    ] = None,
+    glibc: Annotated[Optional[str], typer.Option("--glibc", help="Oldest glibc of the targets (manylinux tag) [default: the lock's].")] = None,
+    index_url: Annotated[Optional[str], typer.Option("--index-url", help="Package index to download from.")] = None,
+    torch_index_url: Annotated[Optional[str], typer.Option("--torch-index-url", help="Index for the PyTorch CPU wheels.")] = None,
+    json: Json = False,
+) -> None:
+    """Build a wheelhouse of the pinned ML stack for offline installs (mlstack_wheelhouse=DIR)."""
+    from . import bundle as bundles
+
+    try:
+        result = bundles.build_wheelhouse(
+            dest or bundles.default_wheelhouse(),
+            component or ["core", "gbdt"],
+            platforms=bundles.manylinux_platforms(glibc) if glibc else None,
+            index_url=index_url,
+            torch_index_url=torch_index_url,
+        )
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    if json:
+        render.print_json(result.to_dict())
+    else:
+        render.bundle(result)
+
+
 def _split(values: Optional[list[str]]) -> list[str]:
     return [t.strip() for v in values or [] for t in v.split(",") if t.strip()]
 

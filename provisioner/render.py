@@ -222,3 +222,13 @@ def reboots(decision: Any, allowed: bool) -> None:
     for host, reasons in decision.pending.items():
         how = "reboot it yourself (this machine is never rebooted)" if allowed else "run again with --reboot"
         console.print(Text(f"reboot pending on {host}: " + "; ".join(reasons) + f"; {how}", style="yellow"))
+
+
+def bundle(result: Any) -> None:
+    console.print(
+        Text(
+            f"wheelhouse {result.path}: {len(result.files)} wheels, {result.bytes / 1e6:.0f} MB "
+            f"({result.downloaded} downloaded, {result.reused} reused) in {result.seconds:.1f} s"
+        )
+    )
+    console.print(Text(f"install offline with role mlstack: mlstack_wheelhouse={result.path}"))
