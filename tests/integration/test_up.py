@@ -187,3 +187,12 @@ def test_plain_ansible_playbook_runs_the_same_roles(provisioned):
     assert r.returncode == 0, r.stdout[-3000:]
     recap = r.stdout.split("PLAY RECAP", 1)[1]
     assert "changed=0" in recap and "failed=0" in recap, recap
+
+
+def test_one_role_by_tag(provisioned):
+    """--tags common alone: the plan still runs (other roles' defaults read it), nothing changes."""
+    rc, out = cli_json("up", "-i", str(provisioned["server"].inventory), "--tags", "common")
+    assert rc == ExitCode.OK, out
+    assert out["hosts"][provisioned["server"].name]["changed"] == 0
+    assert {c["check"].split("[")[0] for c in out["verify"]["hosts"][provisioned["server"].name]} >= {
+        "test_base_packages_installed", "test_applied_plan_recorded"}
