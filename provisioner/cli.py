@@ -8,7 +8,7 @@ any host was touched; 3 a host was unreachable (network, SSH login or host key);
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.text import Text
@@ -58,26 +58,34 @@ def _fail(exc: ProvisionerError) -> typer.Exit:
     return typer.Exit(int(exc.exit_code))
 
 
-def _facts_run(inventory: Optional[Path], limit: Optional[str], extra: Optional[list[str]], accept_new: bool) -> engine.RunResult:
-    inv = engine.resolve_inventory(inventory)
-    result = engine.run_playbook(
-        "facts.yml", inv, limit=limit, extravars=options.parse_extra_vars(extra or []), accept_new_host_keys=accept_new
-    )
+def _show_facts(
+    fact: str,
+    show: Callable[[dict[str, Any]], None],
+    inventory: Optional[Path],
+    limit: Optional[str],
+    extra: Optional[list[str]],
+    json: bool,
+    accept_new: bool,
+) -> None:
+    """Run the read-only facts playbook and print one fact of every host."""
+    try:
+        inv = engine.resolve_inventory(inventory)
+        result = engine.run_playbook(
+            "facts.yml", inv, limit=limit, extravars=options.parse_extra_vars(extra or []), accept_new_host_keys=accept_new
+        )
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
     if result.exit_code != ExitCode.OK:
         render.run_summary(result)
         raise typer.Exit(int(result.exit_code))
-    return result
+    data = {h: f.get(fact, {}) for h, f in result.facts.items()}
+    render.print_json(data) if json else show(data)
 
 
 @app.command()
 def facts(inventory: Inventory = None, limit: Limit = None, json: Json = False, accept_new_host_keys: AcceptNew = False) -> None:
     """Discover each host's hardware: CPU, ISA, caches, memory, drives, virtualization, OS."""
-    try:
-        result = _facts_run(inventory, limit, None, accept_new_host_keys)
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    data = {h: f.get("provisioner_hardware", {}) for h, f in result.facts.items()}
-    render.print_json(data) if json else render.facts(data)
+    _show_facts("provisioner_hardware", render.facts, inventory, limit, None, json, accept_new_host_keys)
 
 
 @app.command()
@@ -89,12 +97,7 @@ def plan(
     accept_new_host_keys: AcceptNew = False,
 ) -> None:
     """Derive the tuning plan from each host's hardware, each setting with its reason."""
-    try:
-        result = _facts_run(inventory, limit, extra_vars, accept_new_host_keys)
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    data = {h: f.get("provisioner_plan", {}) for h, f in result.facts.items()}
-    render.print_json(data) if json else render.plan(data)
+    _show_facts("provisioner_plan", render.plan, inventory, limit, extra_vars, json, accept_new_host_keys)
 
 
 @app.command()

@@ -7,7 +7,6 @@ and turns connection failures into one-line errors that name the fix.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -16,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -426,17 +425,3 @@ def explain_unreachable(host: str, msg: str) -> str:
         return f"{host}: its name does not resolve; set ansible_host to its address in the inventory"
     first = msg.strip().splitlines()[0] if msg.strip() else "no answer"
     return f"{host}: unreachable ({first}); check that it is up and that ansible_host/port are right"
-
-
-def last_runs() -> list[Path]:
-    runs = paths.state_dir() / "runs"
-    return sorted((p for p in runs.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime) if runs.exists() else []
-
-
-def dump_json(data: Any) -> str:
-    return json.dumps(data, indent=2, sort_keys=False, default=str)
-
-
-def iter_errors(result: RunResult) -> Iterable[str]:
-    for h in result.hosts.values():
-        yield from h.errors
