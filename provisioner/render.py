@@ -231,4 +231,4 @@ def bundle(result: Any) -> None:
             f"({result.downloaded} downloaded, {result.reused} reused) in {result.seconds:.1f} s"
         )
     )
-    console.print(Text(f"install offline with role mlstack: mlstack_wheelhouse={result.path}"))
+    console.print(Text(f"install offline with: provisioner up -e mlstack_wheelhouse={result.path}"))
