@@ -1,0 +1,835 @@
+#!/usr/bin/env python3
+"""provisioner's workload smoke test: measure what the ML workloads get from this machine.
+
+    provisioner_smoke.py run --python /opt/mlstack/bin/python --user ml [--profile quick|full]
+    provisioner_smoke.py run --python /var/tmp/venv/bin/python --mode baseline
+
+Runs as root with the system Python and the standard library only. It reads the hardware
+(CPU, clock under load, DIMMs), the configuration as the workloads see it (thread settings in
+a login shell and in a systemd service, THP, governor, the data mount), and runs each
+workload in its own process inside the ML environment:
+
+- tuned mode: as the ML user in a login shell, so the thread settings provisioner installed
+  apply exactly as they do for that user; the workloads set their thread counts explicitly
+  from the plan, as provisioner advises;
+- baseline mode: as root with an empty environment and library defaults, the way a stock
+  `pip install` stack runs before any tuning.
+
+Prints one JSON document with the raw figures; the control node holds them against the
+hardware's limits. A workload that cannot run (a library not installed) is reported as
+skipped with the reason; an error in one does not stop the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import pwd
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+SCHEMA = 1
+PLAN_FILE = "/etc/provisioner/plan.json"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+# Workload sizes. quick: about 90 s on a 2-core machine; full: the scale of real jobs
+# (XGBoost hist on 10M rows, 100 trees, depth 10: the GBM-perf Airline setup).
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {
+        "gemm_n": 2048, "gemm_repeats": 3,
+        "triad_n": 20_000_000, "triad_repeats": 5,
+        "gbdt_rows": 1_000_000, "gbdt_cols": 28, "gbdt_depth": 8, "gbdt_trees": 100,
+        "gbdt_trees_one": 20, "gbdt_repeats": 1,
+        "mlp_batch": 2048, "mlp_width": 1024, "mlp_steps": 10, "mlp_repeats": 3,
+        "hpo_rows": 100_000, "hpo_trees": 40, "hpo_trials_per_worker": 2,
+        "parquet_rows": 4_000_000, "parquet_repeats": 3,
+        "infer_rows": 100_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 2000,
+        "timeout": 900,
+    },
+    "full": {
+        "gemm_n": 4096, "gemm_repeats": 5,
+        "triad_n": 80_000_000, "triad_repeats": 10,
+        "gbdt_rows": 10_000_000, "gbdt_cols": 28, "gbdt_depth": 10, "gbdt_trees": 100,
+        "gbdt_trees_one": 100, "gbdt_repeats": 3,
+        "mlp_batch": 4096, "mlp_width": 2048, "mlp_steps": 20, "mlp_repeats": 5,
+        "hpo_rows": 1_000_000, "hpo_trees": 100, "hpo_trials_per_worker": 4,
+        "parquet_rows": 40_000_000, "parquet_repeats": 5,
+        "infer_rows": 1_000_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 20000,
+        "timeout": 7200,
+    },
+}
+
+TASKS = ("gemm", "triad", "gbdt", "mlp", "hpo", "parquet", "inference")
+
+
+def median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+# ---------------------------------------------------------------- hardware (root, stdlib)
+
+
+def read(path: str, default: str | None = None) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+def cpu_info() -> dict[str, Any]:
+    """Vendor, family, model, flags, physical cores of the CPUs this process may use."""
+    text = read("/proc/cpuinfo", "") or ""
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    allowed = os.sched_getaffinity(0)
+    cores: set[tuple[str, str]] = set()
+    first: dict[str, str] = {}
+    for block in blocks:
+        fields = {}
+        for line in block.splitlines():
+            if ":" in line:
+                k, v = line.split(":", 1)
+                fields[k.strip()] = v.strip()
+        if not first:
+            first = fields
+        try:
+            cpu = int(fields.get("processor", "-1"))
+        except ValueError:
+            continue
+        if cpu in allowed:
+            cores.add((fields.get("physical id", "0"), fields.get("core id", str(cpu))))
+    max_khz = read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    return {
+        "vendor": first.get("vendor_id", ""),
+        "family": int(first.get("cpu family", "0") or 0),
+        "model": int(first.get("model", "0") or 0),
+        "model_name": first.get("model name", ""),
+        "flags": sorted(set(first.get("flags", "").split())),
+        "logical_cpus": len(allowed),
+        "physical_cores": max(1, len(cores)),
+        "nominal_mhz": float(first["cpu MHz"]) if first.get("cpu MHz") else None,
+        "max_mhz": int(max_khz) / 1000 if max_khz and max_khz.isdigit() else None,
+        "cpufreq": os.path.isdir("/sys/devices/system/cpu/cpu0/cpufreq"),
+    }
+
+
+def current_mhz() -> float | None:
+    """The average clock of the usable CPUs now: cpufreq where it exists, else /proc/cpuinfo."""
+    cpus = sorted(os.sched_getaffinity(0))
+    values = []
+    for cpu in cpus:
+        khz = read(f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_cur_freq")
+        if khz and khz.isdigit():
+            values.append(int(khz) / 1000)
+    if not values:
+        for m in re.finditer(r"^cpu MHz\s*:\s*([\d.]+)", read("/proc/cpuinfo", "") or "", re.M):
+            values.append(float(m.group(1)))
+    return sum(values) / len(values) if values else None
+
+
+class ClockSampler:
+    """Samples the clock while a workload keeps the cores busy."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            mhz = current_mhz()
+            if mhz:
+                self.samples.append(mhz)
+
+    def __enter__(self) -> "ClockSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def memory_devices() -> dict[str, Any]:
+    """Populated DIMMs and their configured speed, from SMBIOS (dmidecode, as root)."""
+    exe = shutil.which("dmidecode")
+    if not exe:
+        return {"source": None, "why": "dmidecode is not installed"}
+    r = subprocess.run([exe, "-t", "17"], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        return {"source": None, "why": f"dmidecode failed: {(r.stderr or r.stdout).strip()[:200]}"}
+    dimms = []
+    for block in r.stdout.split("Memory Device")[1:]:
+        size = re.search(r"^\s*Size:\s*(.+)$", block, re.M)
+        if not size or "No Module" in size.group(1) or "Not Installed" in size.group(1):
+            continue
+        speed = re.search(r"^\s*Configured (?:Memory|Clock) Speed:\s*(\d+)\s*(MT/s|MHz)", block, re.M)
+        rated = re.search(r"^\s*Speed:\s*(\d+)\s*(MT/s|MHz)", block, re.M)
+        kind = re.search(r"^\s*Type:\s*(\S+)", block, re.M)
+        locator = re.search(r"^\s*Locator:\s*(.+)$", block, re.M)
+        dimms.append({
+            "size": size.group(1).strip(),
+            "type": kind.group(1) if kind else None,
+            "configured_mts": int(speed.group(1)) if speed else None,
+            "rated_mts": int(rated.group(1)) if rated else None,
+            "locator": locator.group(1).strip() if locator else None,
+        })
+    return {"source": "dmidecode -t 17", "dimms": dimms}
+
+
+# ---------------------------------------------------------------- configuration as seen by workloads
+
+
+def env_of(argv: list[str]) -> dict[str, str] | str:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{argv[0]}: {exc}"
+    if r.returncode != 0:
+        return f"{' '.join(argv[:3])}... exited {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}"
+    env = {}
+    for line in r.stdout.splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            env[k] = v
+    return env
+
+
+def thread_settings(env: dict[str, str] | str) -> dict[str, Any]:
+    if isinstance(env, str):
+        return {"error": env}
+    keys = [k for k in env if k in THREAD_VARS or k.startswith(("KMP_", "OMP_")) or k == "LD_PRELOAD"]
+    return {"values": {k: env[k] for k in sorted(keys)}}
+
+
+def configuration(user: str | None, data_dir: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if user:
+        out["login_shell"] = thread_settings(env_of(["runuser", "-l", user, "-c", "env"]))
+        if os.path.isdir("/run/systemd/system") and shutil.which("systemd-run"):
+            out["systemd_service"] = thread_settings(
+                env_of(["systemd-run", "--wait", "--pipe", "--quiet", "--collect", "-p", f"User={user}", "/usr/bin/env"])
+            )
+        else:
+            out["systemd_service"] = {"not_applicable": "systemd is not running here (PID 1 is not systemd)"}
+    thp = {}
+    for name in ("enabled", "defrag"):
+        value = read(f"/sys/kernel/mm/transparent_hugepage/{name}")
+        m = re.search(r"\[(\w+)\]", value or "")
+        thp[name] = m.group(1) if m else None
+    out["thp"] = thp
+    governor = read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
+    out["governor"] = {"value": governor} if governor else {"not_applicable": "no cpufreq driver"}
+    out["data_mount"] = data_mount(data_dir)
+    return out
+
+
+def data_mount(path: str) -> dict[str, Any]:
+    r = subprocess.run(["findmnt", "-J", "-T", path, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"],
+                       capture_output=True, text=True, check=False)
+    try:
+        fs = json.loads(r.stdout)["filesystems"][0]
+    except (ValueError, KeyError, IndexError):
+        return {"path": path, "error": (r.stderr or "findmnt found nothing").strip()}
+    return {"path": path, "target": fs.get("target"), "source": fs.get("source"), "fstype": fs.get("fstype"),
+            "options": fs.get("options", "").split(",")}
+
+
+def drop_caches() -> str | None:
+    """Drop the page cache so a read comes from the drive; None on success, else why not."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
+            f.write("3\n")
+        return None
+    except OSError as exc:
+        return f"cannot drop the page cache ({exc.strerror}: /proc/sys/vm is read-only here): warm-cache figures"
+
+
+def sequential_read(path: str) -> float:
+    """Seconds to read a file start to end in 8 MiB chunks."""
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(8 << 20):
+            pass
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------- parent: run the workers
+
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, script: str, workdir: str, threads: int, trials: int):
+        self.args = args
+        self.script = script
+        self.workdir = workdir
+        self.threads = threads
+        self.trials = trials
+
+    def worker(self, task: str, **extra: Any) -> dict[str, Any]:
+        params = {"task": task, "profile": self.args.profile, "mode": self.args.mode, "threads": self.threads,
+                  "trials": self.trials, "workdir": self.workdir, **extra}
+        cmd = [self.args.python, self.script, "worker", json.dumps(params)]
+        if self.args.mode == "tuned":
+            quoted = " ".join("'" + c.replace("'", "'\\''") + "'" for c in cmd)
+            argv = ["runuser", "-l", self.args.user, "-c", quoted]
+        else:
+            argv = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={self.workdir}", "LANG=C.UTF-8", *cmd]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=PROFILES[self.args.profile]["timeout"],
+                               cwd=self.workdir, check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": f"{task}: no result within {PROFILES[self.args.profile]['timeout']} s"}
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        if r.returncode != 0 or not lines:
+            tail = (r.stderr or r.stdout).strip().splitlines()
+            return {"error": f"{task}: exited {r.returncode}: {tail[-1] if tail else 'no output'}"}
+        return json.loads(lines[-1])
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.time()
+    plan: dict[str, Any] = {}
+    if args.mode == "tuned":
+        try:
+            with open(args.plan, encoding="utf-8") as f:
+                plan = json.load(f).get("values", {})
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"no plan at {args.plan} ({exc}): run provisioner up first")
+    cpu = cpu_info()
+    threads = int(plan.get("threads_per_job") or cpu["physical_cores"])
+    trials = int(plan.get("trials") or cpu["physical_cores"])
+    data_dir = args.data_dir if args.data_dir and os.path.ismount(args.data_dir) else "/var/tmp"
+    out: dict[str, Any] = {
+        "schema": SCHEMA,
+        "host": socket.gethostname(),
+        "mode": args.mode,
+        "profile": args.profile,
+        "sizes": PROFILES[args.profile],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "python": args.python,
+        "user": args.user if args.mode == "tuned" else "root (empty environment)",
+        "kernel": platform.release(),
+        "cpu": cpu,
+        "memory": {"total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), **memory_devices()},
+        "plan": {k: plan.get(k) for k in ("threads_per_job", "trials", "threads_per_trial", "thp_enabled",
+                                          "thp_defrag", "cpu_governor", "blas")},
+        "threads": threads,
+        "trials": trials,
+        "data_dir": data_dir,
+        "data_dir_requested": args.data_dir,
+        "config": configuration(args.user if args.mode == "tuned" else None, data_dir),
+        "results": {},
+    }
+    workdir = tempfile.mkdtemp(prefix="provisioner-smoke-", dir=data_dir)
+    try:
+        os.chmod(workdir, 0o755)
+        script = os.path.join(workdir, "provisioner_smoke.py")
+        shutil.copyfile(os.path.abspath(__file__), script)
+        os.chmod(script, 0o644)
+        if args.mode == "tuned":
+            pw = pwd.getpwnam(args.user)
+            os.chown(workdir, pw.pw_uid, pw.pw_gid)
+        runner = Runner(args, script, workdir, threads, trials)
+        for task in [t for t in TASKS if not args.only or t in args.only]:
+            t0 = time.monotonic()
+            if task == "gemm":
+                with ClockSampler() as clock:
+                    result = runner.worker(task)
+                result["clock_mhz_under_load"] = median(clock.samples) if clock.samples else None
+                result["clock_source"] = (
+                    "cpufreq scaling_cur_freq under DGEMM load" if cpu["cpufreq"]
+                    else "/proc/cpuinfo cpu MHz under DGEMM load (no cpufreq driver: the hypervisor's or firmware's "
+                         "nominal clock; boost may run above it)")
+            elif task == "parquet":
+                result = parquet(runner)
+            else:
+                result = runner.worker(task)
+            result["seconds"] = round(time.monotonic() - t0, 2)
+            out["results"][task] = result
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out["seconds"] = round(time.time() - started, 2)
+    return out
+
+
+def parquet(runner: Runner) -> dict[str, Any]:
+    """Write a Parquet file on the data mount, then per repeat: the raw file read and the scan, both cold."""
+    written = runner.worker("parquet_write")
+    if "error" in written or "skipped" in written:
+        return written
+    raw, scans, decoded, in_memory, cache = [], [], [], [], None
+    for _ in range(PROFILES[runner.args.profile]["parquet_repeats"]):
+        cache = drop_caches() or cache
+        raw.append(sequential_read(written["path"]))
+        cache = drop_caches() or cache
+        scan = runner.worker("parquet_scan", path=written["path"])
+        if "error" in scan:
+            return scan
+        scans.append(scan["seconds"])
+        decoded.append(scan["decoded_bytes"])
+        in_memory.append(scan["in_memory_s"])
+    return {
+        **written,
+        "cold_cache": cache is None,
+        "cache_note": cache,
+        "raw_read_s": raw,
+        "scan_s": scans,
+        "raw_read_gbps": written["file_bytes"] / median(raw) / 1e9,
+        "scan_gbps": written["file_bytes"] / median(scans) / 1e9,
+        "decoded_gbps": median(decoded) / median(scans) / 1e9,
+        "in_memory_s": in_memory,
+        "in_memory_gbps": written["file_bytes"] / median(in_memory) / 1e9,
+        "scan_threads": scan.get("threads"),
+    }
+
+
+# ---------------------------------------------------------------- workers (inside the ML environment)
+
+
+def _limits(threads: int | None):
+    """Limit every BLAS/OpenMP pool to `threads` (None: leave the library defaults)."""
+    import contextlib
+
+    if threads is None:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads)
+
+
+def _missing(module: str, component: str) -> dict[str, Any] | None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        return {"skipped": f"{module} is not installed in this environment (component {component})"}
+    return None
+
+
+def _data(rows: int, cols: int, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols), dtype=np.float32)
+    w = rng.standard_normal(cols).astype(np.float32)
+    logit = x @ w * 0.5 + 0.8 * np.sin(x[:, 0] * x[:, 1]) + rng.standard_normal(rows, dtype=np.float32) * 0.5
+    return x, (logit > 0).astype(np.float32)
+
+
+def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    s = PROFILES[p["profile"]]
+    n = s["gemm_n"]
+    tuned = p["mode"] == "tuned"
+    out: dict[str, Any] = {"n": n, "blas": [
+        {k: i.get(k) for k in ("internal_api", "architecture", "num_threads", "version", "filepath")}
+        for i in threadpool_info() if i.get("user_api") == "blas"]}
+    for dtype in ("float64", "float32"):
+        a = np.random.default_rng(1).standard_normal((n, n)).astype(dtype)
+        b = np.random.default_rng(2).standard_normal((n, n)).astype(dtype)
+        for label, threads in (("all", p["threads"] if tuned else None), ("one", 1)):
+            with _limits(threads):
+                a @ b  # warm up: page in, spin up the pool
+                times = []
+                for _ in range(s["gemm_repeats"]):
+                    t0 = time.perf_counter()
+                    a @ b
+                    times.append(time.perf_counter() - t0)
+            key = f"{'d' if dtype == 'float64' else 's'}gemm_{label}"
+            out[key] = {"gflops": 2 * n**3 / median(times) / 1e9, "times_s": times,
+                        "threads": threads if threads else "library default"}
+    return out
+
+
+def w_triad(p: dict[str, Any]) -> dict[str, Any]:
+    """STREAM triad a = b + s*c: one fused pass with torch (3 arrays of traffic), else numpy in two."""
+    import importlib.util
+
+    s = PROFILES[p["profile"]]
+    n = s["triad_n"]
+    tuned = p["mode"] == "tuned"
+    times = []
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if tuned:
+            torch.set_num_threads(p["threads"])
+        b, c = torch.rand(n, dtype=torch.float64), torch.rand(n, dtype=torch.float64)
+        a = torch.empty(n, dtype=torch.float64)
+        torch.add(b, c, alpha=3.0, out=a)
+        for _ in range(s["triad_repeats"]):
+            t0 = time.perf_counter()
+            torch.add(b, c, alpha=3.0, out=a)
+            times.append(time.perf_counter() - t0)
+        arrays, how, threads = 3, "torch.add(b, c, alpha=s, out=a): one fused pass", torch.get_num_threads()
+    else:
+        import numpy as np
+
+        b, c = np.random.rand(n), np.random.rand(n)
+        a = np.empty(n)
+        for _ in range(s["triad_repeats"] + 1):
+            t0 = time.perf_counter()
+            np.multiply(c, 3.0, out=a)
+            np.add(a, b, out=a)
+            times.append(time.perf_counter() - t0)
+        times = times[1:]
+        arrays, how, threads = 5, "numpy multiply then add (two passes, 5 arrays of traffic; torch not installed)", 1
+    moved = arrays * 8 * n
+    return {"n": n, "bytes_moved": moved, "how": how, "threads": threads, "times_s": times,
+            "gbps": moved / median(times) / 1e9}
+
+
+def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple[float, float]:
+    """Train `trees` hist trees of `depth` with `threads` (None: library default).
+
+    Returns (seconds in total, seconds per tree after the first): the first tree carries
+    one-off setup (histogram buffers, row partitions), which would flatter a longer run.
+    """
+    marks: list[float] = []
+    if lib == "xgboost":
+        import xgboost as xgb
+
+        class Mark(xgb.callback.TrainingCallback):
+            def after_iteration(self, model, epoch, evals_log) -> bool:  # noqa: ANN001
+                marks.append(time.perf_counter())
+                return False
+
+        params = {"tree_method": "hist", "max_depth": depth, "objective": "binary:logistic", "max_bin": 256}
+        if threads:
+            params["nthread"] = threads
+        # quantile cuts computed here, outside the timing, as LightGBM's and CatBoost's binning is
+        d = xgb.QuantileDMatrix(x, label=y, nthread=threads or -1, max_bin=256)
+        t0 = time.perf_counter()
+        xgb.train(params, d, num_boost_round=trees, callbacks=[Mark()])
+    elif lib == "lightgbm":
+        import lightgbm as lgb
+
+        params = {"objective": "binary", "num_leaves": 2**depth - 1, "max_depth": depth, "verbose": -1,
+                  "max_bin": 255, "force_col_wise": True}
+        if threads:
+            params["num_threads"] = threads
+        d = lgb.Dataset(x, label=y, params={"verbose": -1, "max_bin": 255})
+        d.construct()
+        t0 = time.perf_counter()
+        lgb.train(params, d, num_boost_round=trees, callbacks=[lambda env: marks.append(time.perf_counter())])
+    else:
+        import catboost as cb
+
+        class CbMark:
+            def after_iteration(self, info) -> bool:  # noqa: ANN001
+                marks.append(time.perf_counter())
+                return True
+
+        pool = cb.Pool(x, label=y)
+        pool.quantize(border_count=254)
+        model = cb.CatBoostClassifier(iterations=trees, depth=depth, verbose=False, allow_writing_files=False,
+                                      thread_count=threads or -1)
+        t0 = time.perf_counter()
+        model.fit(pool, callbacks=[CbMark()])
+    total = time.perf_counter() - t0
+    per_tree = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else total / trees
+    return total, per_tree
+
+
+def w_gbdt(p: dict[str, Any]) -> dict[str, Any]:
+    s = PROFILES[p["profile"]]
+    tuned = p["mode"] == "tuned"
+    x, y = _data(s["gbdt_rows"], s["gbdt_cols"])
+    rows = s["gbdt_rows"]
+    out: dict[str, Any] = {"rows": rows, "cols": s["gbdt_cols"], "depth": s["gbdt_depth"]}
+    for lib in ("xgboost", "lightgbm", "catboost"):
+        missing = _missing(lib, "gbdt")
+        if missing:
+            out[lib] = missing
+            continue
+        res: dict[str, Any] = {"version": __import__(lib).__version__}
+        for label, threads, trees in (("all", p["threads"] if tuned else None, s["gbdt_trees"]),
+                                      ("one", 1, s["gbdt_trees_one"])):
+            runs = [_train(lib, x, y, trees, s["gbdt_depth"], threads) for _ in range(s["gbdt_repeats"])]
+            res[label] = {"trees": trees, "threads": threads or "library default", "times_s": [r[0] for r in runs],
+                          "row_trees_per_s": rows / median([r[1] for r in runs]),
+                          "row_trees_per_s_with_setup": rows * trees / median([r[0] for r in runs])}
+        out[lib] = res
+    return out
+
+
+def w_mlp(p: dict[str, Any]) -> dict[str, Any]:
+    missing = _missing("torch", "torch")
+    if missing:
+        return missing
+    import torch
+
+    s = PROFILES[p["profile"]]
+    if p["mode"] == "tuned":
+        torch.set_num_threads(p["threads"])
+    width, batch, inputs = s["mlp_width"], s["mlp_batch"], 256
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t0)
+    sgemm = 2 * n**3 / median(times) / 1e9
+    model = torch.nn.Sequential(torch.nn.Linear(inputs, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(batch, inputs), torch.randn(batch, 1)
+    loss_fn = torch.nn.MSELoss()
+
+    def step() -> None:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    step_times = []
+    for _ in range(s["mlp_repeats"]):
+        t0 = time.perf_counter()
+        for _ in range(s["mlp_steps"]):
+            step()
+        step_times.append((time.perf_counter() - t0) / s["mlp_steps"])
+    weights = inputs * width + width * width + width
+    flops = 6 * batch * weights  # forward 2, backward 4 FLOPs per weight and sample
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "mkl": torch.backends.mkl.is_available(), "mkldnn": torch.backends.mkldnn.is_available(),
+            "batch": batch, "width": width, "step_s": step_times, "samples_per_s": batch / median(step_times),
+            "gflops": flops / median(step_times) / 1e9, "sgemm_gflops": sgemm, "sgemm_n": n}
+
+
+_TRIAL_DATA: dict[int, Any] = {}
+
+
+def _trial_data(rows: int):
+    if rows not in _TRIAL_DATA:
+        _TRIAL_DATA[rows] = _data(rows, 28, seed=7)
+    return _TRIAL_DATA[rows]
+
+
+def _warm(args: tuple[int, str]) -> None:
+    """Start a pool process: import the library and make the data, as a long-lived trial worker has."""
+    rows, lib = args
+    __import__(lib)
+    _trial_data(rows)
+    time.sleep(0.5)  # hold this worker so every process of the pool gets a warm-up of its own
+
+
+def _trial(args: tuple[dict[str, Any], int | None, int, int, str]) -> float:
+    """One hyperparameter trial in its own process: train on synthetic data, return its loss."""
+    params, threads, rows, trees, lib = args
+    import numpy as np
+
+    x, y = _trial_data(rows)
+    if lib == "lightgbm":
+        import lightgbm as lgb
+
+        extra = {"num_threads": threads} if threads else {}
+        booster = lgb.train({"objective": "binary", "verbose": -1, **params, **extra}, lgb.Dataset(x, label=y),
+                            num_boost_round=trees)
+        pred = booster.predict(x[:10000])
+    else:
+        import xgboost as xgb
+
+        extra = {"nthread": threads} if threads else {}
+        mapped = {"max_depth": params["max_depth"], "learning_rate": params["learning_rate"]}
+        booster = xgb.train({"tree_method": "hist", "objective": "binary:logistic", **mapped, **extra},
+                            xgb.DMatrix(x, label=y), num_boost_round=trees)
+        pred = booster.predict(xgb.DMatrix(x[:10000]))
+    eps = 1e-7
+    return float(-np.mean(y[:10000] * np.log(pred + eps) + (1 - y[:10000]) * np.log(1 - pred + eps)))
+
+
+def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
+    import importlib.util
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    s = PROFILES[p["profile"]]
+    lib = "lightgbm" if importlib.util.find_spec("lightgbm") else "xgboost" if importlib.util.find_spec("xgboost") else None
+    if lib is None:
+        return {"skipped": "neither lightgbm nor xgboost is installed (component gbdt)"}
+    workers = max(1, p["trials"])
+    cores = p["threads"]
+    per_trial = max(1, cores // workers)
+    n_trials = workers * s["hpo_trials_per_worker"]
+    tuned = p["mode"] == "tuned"
+    if importlib.util.find_spec("optuna"):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+        asked = [study.ask() for _ in range(n_trials)]
+        params = [{"num_leaves": t.suggest_int("num_leaves", 15, 255), "max_depth": t.suggest_int("max_depth", 4, 10),
+                   "learning_rate": t.suggest_float("learning_rate", 0.02, 0.3, log=True)} for t in asked]
+        sampler = f"optuna {optuna.__version__} TPE (ask/tell)"
+    else:
+        study, asked = None, []
+        params = [{"num_leaves": 31 + 32 * (i % 7), "max_depth": 4 + i % 7, "learning_rate": 0.05 + 0.02 * (i % 5)}
+                  for i in range(n_trials)]
+        sampler = "fixed parameter sets (optuna is not installed: component hpo)"
+    ctx = mp.get_context("spawn")
+
+    def timed(procs: int, threads: int | None, count: int | None = None) -> tuple[float, list[float]]:
+        jobs = [(prm, threads, s["hpo_rows"], s["hpo_trees"], lib) for prm in params[:count]]
+        if procs == 1:
+            _warm((s["hpo_rows"], lib))
+            t0 = time.perf_counter()
+            losses = [_trial(j) for j in jobs]
+            return time.perf_counter() - t0, losses
+        # Started and warmed before the clock runs: a study's workers live for many trials.
+        with ProcessPoolExecutor(max_workers=procs, mp_context=ctx) as pool:
+            list(pool.map(_warm, [(s["hpo_rows"], lib)] * procs))
+            t0 = time.perf_counter()
+            losses = list(pool.map(_trial, jobs))
+            return time.perf_counter() - t0, losses
+
+    runs: dict[str, Any] = {}
+    if workers > 1:
+        # planned: N processes, cores/N threads each (baseline: the library defaults)
+        secs, losses = timed(workers, per_trial if tuned else None)
+        runs["parallel"] = {"procs": workers, "threads_each": per_trial if tuned else "library default", "seconds": secs}
+        secs, _ = timed(1, cores if tuned else None)
+        runs["sequential"] = {"procs": 1, "threads_each": cores if tuned else "library default", "seconds": secs}
+        # One trial per process is enough to show it: oversubscribed runs can be very slow.
+        secs, _ = timed(workers, cores, count=workers)
+        runs["oversubscribed"] = {"procs": workers, "threads_each": cores, "seconds": secs, "trials": workers}
+    else:
+        secs, losses = timed(1, cores if tuned else None)
+        runs["sequential"] = {"procs": 1, "threads_each": cores, "seconds": secs}
+    for r in runs.values():
+        r["trials_per_min"] = r.setdefault("trials", n_trials) / r["seconds"] * 60
+    if study is not None:
+        for t, loss in zip(asked, losses):
+            study.tell(t, loss)
+    return {"library": lib, "sampler": sampler, "trials": n_trials, "workers": workers, "cores": cores,
+            "rows": s["hpo_rows"], "trees": s["hpo_trees"], "runs": runs, "best_loss": min(losses)}
+
+
+def w_parquet_write(p: dict[str, Any]) -> dict[str, Any]:
+    missing = _missing("pyarrow", "core")
+    if missing:
+        return missing
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = PROFILES[p["profile"]]["parquet_rows"]
+    rng = np.random.default_rng(3)
+    cols = {f"f{i}": rng.standard_normal(rows, dtype=np.float32) for i in range(12)}
+    cols.update({f"c{i}": rng.integers(0, 1000, rows, dtype=np.int32) for i in range(4)})
+    cols["ts"] = np.arange(rows, dtype=np.int64)
+    table = pa.table(cols)
+    path = os.path.join(p["workdir"], "smoke.parquet")
+    t0 = time.perf_counter()
+    pq.write_table(table, path, compression="snappy", row_group_size=1 << 20)
+    secs = time.perf_counter() - t0
+    size = os.path.getsize(path)
+    return {"path": path, "rows": rows, "file_bytes": size, "table_bytes": table.nbytes, "compression": "snappy",
+            "write_s": secs, "write_gbps": size / secs / 1e9, "pyarrow": pa.__version__}
+
+
+def w_parquet_scan(p: dict[str, Any]) -> dict[str, Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if p["mode"] == "tuned":
+        pa.set_cpu_count(p["threads"])
+    t0 = time.perf_counter()
+    table = pq.read_table(p["path"], use_threads=True)
+    secs = time.perf_counter() - t0
+    # The same file decoded from memory: what the CPU can decode with no drive involved.
+    with open(p["path"], "rb") as f:
+        buf = pa.py_buffer(f.read())
+    t0 = time.perf_counter()
+    pq.read_table(pa.BufferReader(buf), use_threads=True)
+    in_memory = time.perf_counter() - t0
+    return {"seconds": secs, "decoded_bytes": table.nbytes, "threads": pa.cpu_count(), "in_memory_s": in_memory}
+
+
+def w_inference(p: dict[str, Any]) -> dict[str, Any]:
+    missing = _missing("xgboost", "gbdt")
+    if missing:
+        return missing
+    import numpy as np
+    import xgboost as xgb
+
+    s = PROFILES[p["profile"]]
+    tuned = p["mode"] == "tuned"
+    x, y = _data(s["infer_rows"], 28, seed=5)
+    params = {"tree_method": "hist", "max_depth": s["infer_depth"], "objective": "binary:logistic"}
+    if tuned:
+        params["nthread"] = p["threads"]
+    booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=s["infer_trees"])
+    if tuned:
+        booster.set_param({"nthread": 1})  # one request, one thread: a pool adds only latency
+    rows = x[:1000]
+    for i in range(50):
+        booster.inplace_predict(rows[i : i + 1])
+    lat = []
+    for i in range(s["infer_calls"]):
+        row = rows[i % 1000 : i % 1000 + 1]
+        t0 = time.perf_counter()
+        booster.inplace_predict(row)
+        lat.append(time.perf_counter() - t0)
+    us = np.array(lat) * 1e6
+    return {"library": f"xgboost {xgb.__version__} inplace_predict", "trees": s["infer_trees"],
+            "depth": s["infer_depth"], "calls": s["infer_calls"], "threads": 1 if tuned else "library default",
+            "p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99))}
+
+
+WORKERS = {"gemm": w_gemm, "triad": w_triad, "gbdt": w_gbdt, "mlp": w_mlp, "hpo": w_hpo,
+           "parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan, "inference": w_inference}
+
+
+def worker(params: dict[str, Any]) -> None:
+    task = params["task"]
+    try:
+        if task in ("gemm", "triad", "gbdt") and _missing("numpy", "core"):
+            result = _missing("numpy", "core")
+        else:
+            result = WORKERS[task](params)
+    except Exception as exc:  # noqa: BLE001 - one failed workload must not hide the others
+        result = {"error": f"{task}: {type(exc).__name__}: {exc}"}
+    print(json.dumps(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="measure everything (as root), print JSON")
+    r.add_argument("--python", required=True, help="the ML environment's python")
+    r.add_argument("--user", help="run the workloads as this user in a login shell (tuned mode)")
+    r.add_argument("--mode", choices=("tuned", "baseline"), default="tuned")
+    r.add_argument("--profile", choices=tuple(PROFILES), default="quick")
+    r.add_argument("--data-dir", default=None, help="the data mount; /var/tmp when it is not a mount point")
+    r.add_argument("--plan", default=PLAN_FILE)
+    r.add_argument("--only", nargs="*", choices=TASKS, help="only these workloads")
+    w = sub.add_parser("worker", help="one workload inside the ML environment (internal)")
+    w.add_argument("params")
+    args = parser.parse_args(argv)
+    if args.cmd == "worker":
+        worker(json.loads(args.params))
+        return 0
+    if args.mode == "tuned" and not args.user:
+        parser.error("tuned mode needs --user")
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
