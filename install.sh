@@ -23,6 +23,7 @@ fi
 
 packages=(python3 python3-venv python3-apt openssh-client)
 [ "$lab" = 1 ] && packages+=(systemd-container mmdebstrap iptables openssh-server zstd iproute2 util-linux btrfs-progs xfsprogs)
+[ "$test" = 1 ] && packages+=(chromium-headless-shell)  # renders the HTML smoke report in a real browser
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

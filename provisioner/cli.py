@@ -113,11 +113,14 @@ def up(
         typer.Option("--reboot", help="Reboot hosts whose tuning needs it, once each, then verify (never this machine)."),
     ] = False,
     verify_after: Annotated[bool, typer.Option("--verify/--no-verify", help="Run the testinfra checks after applying.")] = True,
+    smoke_after: Annotated[
+        bool, typer.Option("--smoke/--no-smoke", help="Last step of a full run (no --tags): the quick workload smoke test (provisioner smoke).")
+    ] = True,
     json: Json = False,
     verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log.")] = 0,
     accept_new_host_keys: AcceptNew = False,
 ) -> None:
-    """Provision: discover, plan, apply the roles, then verify. Re-running changes nothing."""
+    """Provision: discover, plan, apply the roles, verify, then prove it with the smoke test. Re-running changes nothing."""
     from . import reboot as reboots
 
     try:
@@ -148,10 +151,19 @@ def up(
             from .verify import roles_for_tags, verify
 
             verified = verify(inv, limit=limit, roles=roles_for_tags(_split(tags), _split(skip_tags)))
+            failed = verified.exit_code != ExitCode.OK
+        smoked = None
+        if smoke_after and not check and not failed and not tags and not skip_tags:
+            from .smoke import measure
+
+            with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
+                smoked = measure(inv, limit=limit, extravars=extravars, accept_new_host_keys=accept_new_host_keys,
+                                 on_progress=progress)
     except ProvisionerError as exc:
         raise _fail(exc) from exc
     code = next(
-        (r.exit_code for r in (result, rebooted, verified) if r is not None and r.exit_code != ExitCode.OK), ExitCode.OK
+        (ExitCode(r.exit_code) for r in (result, rebooted, verified, smoked) if r is not None and r.exit_code != ExitCode.OK),
+        ExitCode.OK,
     )
     if json:
         out: dict[str, Any] = result.to_dict()
@@ -159,6 +171,7 @@ def up(
         out["reboot"] = decision.to_dict()
         out["rebooted"] = rebooted.to_dict() if rebooted else None
         out["verify"] = verified.to_dict() if verified else None
+        out["smoke"] = smoked.to_dict() if smoked else None
         out["exit_code"] = int(code)
         render.print_json(out)
     else:
@@ -170,6 +183,10 @@ def up(
         render.reboots(decision, allowed=reboot)
         if verified is not None:
             render.verify_summary(verified)
+        if smoked is not None:
+            if smoked.run.exit_code != ExitCode.OK:
+                render.run_summary(smoked.run)
+            render.smoke(smoked.reports, smoked.html)
     raise typer.Exit(int(code))
 
 
@@ -214,6 +231,48 @@ def verify(inventory: Inventory = None, limit: Limit = None, json: Json = False)
     if not result.checks:
         raise typer.Exit(int(ExitCode.BAD_INPUT))
     raise typer.Exit(int(result.exit_code))
+
+
+@app.command()
+def smoke(
+    inventory: Inventory = None,
+    limit: Limit = None,
+    full: Annotated[
+        bool, typer.Option("--full/--quick", help="Workload sizes: quick (about 90 s on 2 cores) or full (the scale of real jobs).")
+    ] = False,
+    baseline: Annotated[
+        bool,
+        typer.Option("--baseline", help="Measure the machine as before provisioning: a stock pip stack in a throwaway venv, no thread settings."),
+    ] = False,
+    html: Annotated[Optional[Path], typer.Option("--html", help="Write the HTML report here [default: /var/lib/provisioner/smoke/report.html].")] = None,
+    extra_vars: ExtraVars = None,
+    json: Json = False,
+    accept_new_host_keys: AcceptNew = False,
+) -> None:
+    """Run the ML workloads on each host and hold every figure against the hardware's limit.
+
+    Figures are kept per host: a later run more than 15% below the last one is flagged as a
+    regression, and a --baseline run is shown next to the tuned figures (before -> after).
+    """
+    from .smoke import measure
+
+    try:
+        inv = engine.resolve_inventory(inventory)
+        with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
+            result = measure(
+                inv, limit=limit, profile="full" if full else "quick", baseline=baseline,
+                extravars=options.parse_extra_vars(extra_vars or []), accept_new_host_keys=accept_new_host_keys,
+                on_progress=progress, html=html,
+            )
+    except ProvisionerError as exc:
+        raise _fail(exc) from exc
+    if json:
+        render.print_json(result.to_dict())
+    else:
+        if result.run.exit_code != ExitCode.OK:
+            render.run_summary(result.run)
+        render.smoke(result.reports, result.html)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()

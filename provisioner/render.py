@@ -232,3 +232,43 @@ def bundle(result: Any) -> None:
         )
     )
     console.print(Text(f"install offline with: provisioner up -e mlstack_wheelhouse={result.path}"))
+
+
+_SMOKE_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim", "info": "cyan"}
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.3g}"
+
+
+def smoke(reports: list[Any], html: Any = None) -> None:
+    """One table per host: figure, limit, ratio, before/after, status and reason."""
+    for r in reports:
+        hw = r.hardware
+        title = (f"{r.host}: smoke {r.profile} ({r.mode}) — {hw.get('cpu')}, {hw.get('physical_cores')} cores, "
+                 f"{hw.get('threads')} threads per job, {r.seconds:.0f} s")
+        table = Table(title=title, title_justify="left")
+        for col, just in (("check", "left"), ("figure", "right"), ("limit", "right"), ("ratio", "right"),
+                          ("before", "right"), ("status", "left"), ("reason", "left")):
+            table.add_column(col, justify=just, overflow="fold")
+        for c in r.checks:
+            figure = f"{_num(c.figure)} {c.unit}".strip()
+            before = f"{_num(c.baseline)} ({c.gain:.2f}x)" if c.baseline is not None and c.gain else ""
+            table.add_row(
+                Text(c.title), Text(figure), Text(_num(c.limit)), Text(f"{c.ratio:.2f}" if c.ratio is not None else ""),
+                Text(before), Text(c.status + (" ↓" if c.regression else ""), style=_SMOKE_STYLE.get(c.status, "")),
+                Text(c.reason),
+            )
+        console.print(table)
+        console.print(Text(f"  peak: {hw.get('fp64_flops_per_cycle')} FP64 FLOPs/cycle ({hw.get('fp64_basis')}); "
+                           f"clock {hw.get('clock_ghz')} GHz ({hw.get('clock_basis')})", style="dim"))
+        if r.baseline_started:
+            console.print(Text(f"  before: the unprovisioned baseline of {r.baseline_started}", style="dim"))
+        counts = r.counts()
+        console.print(Text(f"  {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
+                           f"{counts['skip']} skipped, {counts['info']} reported without a limit",
+                           style=_SMOKE_STYLE.get(r.status, "")))
+    if html:
+        console.print(Text(f"report: {html}"))

@@ -48,24 +48,38 @@ def inventory_with_known_hosts(server, tmp_path: Path, known_hosts_text: str) ->
 
 
 @pytest.fixture(scope="module")
-def offline():
-    """The ML stack comes from a wheelhouse built once on this machine (no index on the target)."""
+def wheelhouse():
+    """A wheelhouse built once on this machine: the targets install with no index."""
     from provisioner import bundle
 
-    result = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt"])
-    return ["-e", f"mlstack_wheelhouse={result.path}"]
+    return bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt"]).path
 
 
 @pytest.fixture(scope="module")
-def provisioned(lab_server, offline):
-    """The shared server after a check run (nothing may change) and then two real runs."""
+def offline(wheelhouse):
+    return ["-e", f"mlstack_wheelhouse={wheelhouse}"]
+
+
+# The baseline measures three workloads (the before -> after pairs the tests need); the smoke
+# test that ends `up` runs them all.
+BASELINE_WORKLOADS = "smoke_workloads=[gemm,hpo,inference]"
+
+
+@pytest.fixture(scope="module")
+def provisioned(lab_server, offline, wheelhouse):
+    """The shared server measured unprovisioned (baseline), after a check run (nothing may
+    change), a real run without the smoke test and a second run that ends with it."""
     inv = str(lab_server.inventory)
+    baseline_rc, baseline = cli_json(
+        "smoke", "-i", inv, "--baseline", "-e", f"smoke_baseline_wheelhouse={wheelhouse}", "-e", BASELINE_WORKLOADS
+    )
     check_rc, check = cli_json("up", "-i", inv, "--check", *offline)
     ml_user_after_check = ssh(lab_server, "id ml").returncode
-    first_rc, first = cli_json("up", "-i", inv, *offline)
+    first_rc, first = cli_json("up", "-i", inv, "--no-smoke", *offline)
     second_rc, second = cli_json("up", "-i", inv, *offline)
     return {
         "server": lab_server,
+        "baseline": (baseline_rc, baseline),
         "check": (check_rc, check, ml_user_after_check),
         "first": (first_rc, first),
         "second": (second_rc, second),
@@ -100,8 +114,96 @@ def test_first_run_changes_and_verifies(provisioned):
 
 def test_second_run_changes_nothing(provisioned):
     rc, out = provisioned["second"]
-    assert rc == ExitCode.OK, out
+    assert out["exit_code"] == rc
+    # The apply and verify steps passed; the smoke test's figures decide the rest of the exit code.
+    assert out["rc"] == 0 and out["verify"]["exit_code"] == ExitCode.OK, out
+    assert rc == out["smoke"]["exit_code"]
     assert {h: v["changed"] for h, v in out["hosts"].items()} == {provisioned["server"].name: 0}
+    assert out["smoke"]["run"]["hosts"][provisioned["server"].name]["changed"] == 0
+
+
+def checks_of(report: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in report["checks"]}
+
+
+def test_baseline_measures_the_unprovisioned_machine(provisioned):
+    rc, out = provisioned["baseline"]
+    host = provisioned["server"].name
+    assert rc == ExitCode.OK, out  # a baseline records the machine as it is; its figures fail nothing
+    rep = out["hosts"][host]
+    assert rep["mode"] == "baseline"
+    raw = rep["hardware"]
+    assert raw["user"] == "root (empty environment)" and raw["python"].startswith("/var/tmp/provisioner-baseline")
+    checks = checks_of(rep)
+    assert not [c for c in checks if c.startswith("config.")], "a baseline has no plan to hold the configuration to"
+    assert checks["compute.dgemm_all"]["figure"] > 0
+    assert "library default" in checks["compute.dgemm_all"]["detail"]
+    assert checks["hpo.parallel"]["figure"] > 0 and "library default" in checks["hpo.parallel"]["reason"]
+    assert checks["gbdt"]["status"] == "skip"  # not among the chosen workloads
+
+
+def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
+    rc, out = provisioned["second"]
+    host = provisioned["server"].name
+    smoke = out["smoke"]
+    rep = smoke["hosts"][host]
+    assert rep["mode"] == "tuned" and rep["profile"] == "quick"
+    checks = checks_of(rep)
+    assert set(checks) >= {
+        "config.threads.login_shell", "config.threads.systemd_service", "config.thp.enabled", "config.governor",
+        "config.data_mount", "compute.dgemm_all", "compute.dgemm_one", "compute.sgemm_all", "compute.sgemm_one",
+        "memory.triad", "gbdt.xgboost", "gbdt.lightgbm", "gbdt.catboost", "torch.mlp", "hpo.parallel",
+        "hpo.oversubscribed", "data.parquet", "inference.p50", "inference.p99",
+    }
+    threads = rep["hardware"]["threads"]
+    # Configuration as the workloads see it: thread_env's values in a login shell and in a service.
+    for key in ("config.threads.login_shell", "config.threads.systemd_service"):
+        assert checks[key]["status"] == "pass", checks[key]
+        assert f"OMP_NUM_THREADS={threads}" in checks[key]["detail"]
+    assert checks["config.governor"]["status"] == "skip" and "not applicable" in checks["config.governor"]["reason"]
+    # Figures against limits derived from this hardware, each with its derivation.
+    for key in ("compute.dgemm_all", "compute.sgemm_one", "gbdt.xgboost", "hpo.parallel", "data.parquet", "inference.p99"):
+        c = checks[key]
+        assert c["figure"] > 0 and c["limit"] > 0 and c["ratio"] == pytest.approx(c["figure"] / c["limit"]), c
+        assert c["basis"] and c["status"] in ("pass", "warn", "fail"), c
+    assert rep["hardware"]["fp64_flops_per_cycle"] in (4, 8, 16, 32) and rep["hardware"]["clock_ghz"] > 0
+    assert "GHz" in checks["compute.dgemm_all"]["basis"]
+    assert checks["gbdt.xgboost"]["detail"].startswith("1,000,000 x 28, depth 8, 100 trees")
+    assert "median of" in checks["compute.dgemm_all"]["detail"]
+    # The stack was installed without torch: said so, with the component that brings it.
+    assert checks["torch.mlp"]["status"] == "skip" and "component torch" in checks["torch.mlp"]["reason"]
+    # The baseline measured before provisioning sits next to the tuned figures.
+    assert rep["baseline_started"] == provisioned["baseline"][1]["hosts"][host]["started"]
+    for key in ("compute.dgemm_all", "hpo.parallel", "inference.p99"):
+        assert checks[key]["baseline"] > 0 and checks[key]["gain"] > 0, checks[key]
+    assert checks["data.parquet"]["baseline"] is None  # not measured before
+    html = Path(smoke["html"]).read_text()
+    assert host in html and "DGEMM, all cores" in html
+
+
+def test_smoke_flags_a_regression_and_a_wrong_blas_kernel(provisioned):
+    """A later run far below the last one is flagged: here OpenBLAS forced to a Prescott kernel."""
+    server = provisioned["server"]
+    inv = str(server.inventory)
+    assert ssh(server, "echo 'export OPENBLAS_CORETYPE=Prescott' >> ~ml/.profile").returncode == 0
+    try:
+        rc, out = cli_json("smoke", "-i", inv, "-e", "smoke_workloads=[gemm]")
+    finally:
+        ssh(server, "sed -i '/OPENBLAS_CORETYPE/d' ~ml/.profile")
+    rep = out["hosts"][server.name]
+    dgemm = checks_of(rep)["compute.dgemm_one"]
+    assert dgemm["regression"] and "regression" in dgemm["reason"], dgemm
+    assert dgemm["figure"] < 0.85 * dgemm["previous"]
+    assert dgemm["status"] == "fail" and "Prescott" in dgemm["detail"], dgemm
+    assert rep["previous_started"] == provisioned["second"][1]["smoke"]["hosts"][server.name]["started"]
+    assert rc == ExitCode.HOST_FAILED
+
+
+def test_smoke_refuses_an_unprovisioned_host(fresh_lab_server):
+    server = fresh_lab_server("pv-bare")
+    r = cli("smoke", "-i", str(server.inventory))
+    assert r.returncode == ExitCode.BAD_INPUT, r.stdout + r.stderr
+    assert "no ML environment at /opt/mlstack" in r.stderr and "provisioner up" in r.stderr
 
 
 def test_verify_catches_a_broken_host(provisioned):

@@ -1,0 +1,614 @@
+"""The smoke test's judgement: raw figures from a host -> checks against the hardware's limits.
+
+Pure functions (evaluate, peak derivation, regression and baseline comparison) plus the
+small history store under the state directory. The figures come from
+roles/smoke/files/provisioner_smoke.py on the target; limits and their derivation follow
+the "Physical limits" table of the tuning reference:
+
+- compute peak = cores x FP64 FLOPs/cycle x clock (FP32: twice), the clock measured under
+  DGEMM load where a cpufreq driver reports it, else the nominal clock (and the report says so);
+- DRAM = channels x 8 B x MT/s from the DIMMs' configured speed (one DIMM per channel assumed),
+  else no ratio;
+- a GBDT's all-core rate against its one-core rate times the cores (linear scaling);
+- a PyTorch MLP step against torch's own SGEMM rate, measured in the same process;
+- N parallel trials against the same trials run one after another;
+- a Parquet scan against the same file read raw from the same mount (and the decode rate);
+- single-row predict latency against what an endpoint can afford.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import paths
+
+PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
+_RANK = {PASS: 0, INFO: 0, SKIP: 0, WARN: 1, FAIL: 2}
+
+# A figure that falls more than this below the host's last run of the same kind is a regression.
+REGRESSION = 0.15
+# Figures that only illustrate (the oversubscribed run shows what the thread plan saves):
+# neither a regression nor a before -> after gain is read from them.
+ILLUSTRATIONS = frozenset({"hpo.oversubscribed"})
+
+# (pass at or above, warn at or above; below: fail) for figure / limit.
+GEMM_GRADES = (0.6, 0.3)  # large DGEMM reaches 80-90% of peak; a Haswell kernel on AVX-512 reaches ~40%
+TRIAD_GRADES = (0.6, 0.0)  # STREAM triad 74-82% of DRAM; the channel count is assumed: never a fail
+GBDT_GRADES = (0.3, 0.15)  # 1 -> 16 cores: only 5-7x (memory-bound); below 0.15 extra threads are wasted
+MLP_GRADES = (0.4, 0.2)  # an MLP step is mostly GEMMs; below 0.2 the threads or the kernel are wrong
+HPO_GRADES = (0.9, 0.7)  # N processes of cores/N threads should at least match one-after-another
+PARQUET_GRADES = (0.5, 0.2)
+# Single-row predict: p99 within 2 ms passes (endpoints answer in 1-20 ms), within 10 ms warns.
+LATENCY_P99_US = (2000.0, 10000.0)
+# Parquet decode with snappy, per core (measured on these machines).
+SNAPPY_DECODE_GBPS_PER_CORE = 1.4
+
+
+@dataclass
+class Check:
+    id: str
+    group: str
+    title: str
+    status: str
+    reason: str
+    figure: float | None = None
+    unit: str = ""
+    limit: float | None = None
+    basis: str = ""
+    ratio: float | None = None
+    higher_is_better: bool = True
+    detail: str = ""
+    baseline: float | None = None
+    gain: float | None = None  # after / before, >1 is better whichever way the figure points
+    previous: float | None = None
+    regression: bool = False
+
+
+@dataclass
+class HostReport:
+    host: str
+    mode: str
+    profile: str
+    started: str
+    seconds: float
+    hardware: dict[str, Any]
+    checks: list[Check]
+    baseline_started: str | None = None
+    previous_started: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def status(self) -> str:
+        return max((c.status for c in self.checks), key=lambda s: _RANK[s], default=PASS)
+
+    def counts(self) -> dict[str, int]:
+        out = {s: 0 for s in (PASS, WARN, FAIL, SKIP, INFO)}
+        for c in self.checks:
+            out[c.status] += 1
+        return out
+
+    def to_dict(self, raw: bool = False) -> dict[str, Any]:
+        d = {
+            "host": self.host,
+            "mode": self.mode,
+            "profile": self.profile,
+            "started": self.started,
+            "seconds": self.seconds,
+            "status": self.status,
+            "counts": self.counts(),
+            "hardware": self.hardware,
+            "baseline_started": self.baseline_started,
+            "previous_started": self.previous_started,
+            "checks": [asdict(c) for c in self.checks],
+        }
+        if raw:
+            d["raw"] = self.raw
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "HostReport":
+        return cls(
+            host=d["host"], mode=d["mode"], profile=d["profile"], started=d["started"], seconds=d["seconds"],
+            hardware=d.get("hardware", {}), checks=[Check(**c) for c in d.get("checks", [])],
+            baseline_started=d.get("baseline_started"), previous_started=d.get("previous_started"),
+            raw=d.get("raw", {}),
+        )
+
+
+# ---------------------------------------------------------------- limits from the hardware
+
+
+def fp64_flops_per_cycle(vendor: str, family: int, model: int, flags: Iterable[str]) -> tuple[int, str]:
+    """FP64 FLOPs per cycle and core from the vendor, family and ISA flags, with the reason."""
+    f = set(flags)
+    if vendor == "AuthenticAMD":
+        if family >= 0x1A and "avx512f" in f:
+            return 32, "Zen 5: two 512-bit FMA pipes (full-width AVX-512; mobile Zen 5 is double-pumped: half)"
+        if family == 0x19 and "avx512f" in f:
+            return 16, "Zen 4: AVX-512 double-pumped on 256-bit FMA pipes"
+        if family >= 0x19 or (family == 0x17 and model >= 0x30):
+            return 16, "Zen 2/3: two 256-bit FMA pipes"
+        if "fma" in f:
+            return 8, "Zen/Zen+: 256-bit FMA split over 128-bit pipes"
+    if "avx512f" in f:
+        return 32, "AVX-512 with two FMA units (Xeon Gold 6000/Platinum and newer; one-unit parts reach half)"
+    if "avx2" in f and "fma" in f:
+        return 16, "AVX2: two 256-bit FMA units"
+    if "avx" in f:
+        return 8, "AVX without FMA: a 256-bit add and a multiply per cycle"
+    return 4, "SSE2: 128-bit add and multiply"
+
+
+def clock_ghz(raw: dict[str, Any]) -> tuple[float | None, str]:
+    """The clock the peak is computed at, and which clock it is."""
+    gemm = raw.get("results", {}).get("gemm", {})
+    cpu = raw.get("cpu", {})
+    if gemm.get("clock_mhz_under_load"):
+        return gemm["clock_mhz_under_load"] / 1000, gemm.get("clock_source", "measured under DGEMM load")
+    if cpu.get("max_mhz"):
+        return cpu["max_mhz"] / 1000, "cpufreq cpuinfo_max_freq (not measured under load)"
+    if cpu.get("nominal_mhz"):
+        return cpu["nominal_mhz"] / 1000, "/proc/cpuinfo cpu MHz (nominal; not measured under load)"
+    return None, "no clock known"
+
+
+def dram_gbps(memory: dict[str, Any]) -> tuple[float | None, str]:
+    """Theoretical DRAM bandwidth from the DIMMs, with how it was derived (or why it is unknown)."""
+    dimms = memory.get("dimms") or []
+    if not memory.get("source"):
+        return None, f"DRAM bandwidth unknown: {memory.get('why', 'no SMBIOS data')}"
+    speeds = [d.get("configured_mts") or d.get("rated_mts") for d in dimms]
+    if not dimms or not all(speeds):
+        return None, "DRAM bandwidth unknown: SMBIOS lists no DIMM speed (typical in virtual machines)"
+    mts = min(speeds)
+    gbps = len(dimms) * 8 * mts / 1000
+    return gbps, f"{len(dimms)} DIMMs x 8 B x {mts} MT/s (configured), one DIMM per channel assumed"
+
+
+def grade(ratio: float, grades: tuple[float, float]) -> str:
+    ok, warn = grades
+    return PASS if ratio >= ok else WARN if ratio >= warn else FAIL
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def evaluate(raw: dict[str, Any]) -> HostReport:
+    """Raw figures of one host -> its checks."""
+    results = raw.get("results", {})
+    checks: list[Check] = []
+    if raw.get("mode") == "tuned":
+        checks += config_checks(raw)
+    checks += gemm_checks(raw, results.get("gemm"))
+    checks += [triad_check(raw, results.get("triad"))] if "triad" in results else []
+    checks += gbdt_checks(raw, results.get("gbdt"))
+    checks += mlp_checks(raw, results.get("mlp"))
+    checks += hpo_checks(raw, results.get("hpo"))
+    checks += [parquet_check(raw, results.get("parquet"))] if "parquet" in results else []
+    checks += inference_checks(results.get("inference"))
+    ghz, clock_basis = clock_ghz(raw)
+    cpu = raw.get("cpu", {})
+    fpc, fpc_basis = fp64_flops_per_cycle(cpu.get("vendor", ""), cpu.get("family", 0), cpu.get("model", 0), cpu.get("flags", []))
+    hardware = {
+        "cpu": cpu.get("model_name"),
+        "physical_cores": cpu.get("physical_cores"),
+        "logical_cpus": cpu.get("logical_cpus"),
+        "threads": raw.get("threads"),
+        "trials": raw.get("trials"),
+        "clock_ghz": round(ghz, 3) if ghz else None,
+        "clock_basis": clock_basis,
+        "fp64_flops_per_cycle": fpc,
+        "fp64_basis": fpc_basis,
+        "memory_gib": round(raw.get("memory", {}).get("total_bytes", 0) / 2**30, 1),
+        "kernel": raw.get("kernel"),
+        "python": raw.get("python"),
+        "user": raw.get("user"),
+        "data_dir": raw.get("data_dir"),
+    }
+    return HostReport(
+        host=raw.get("host", "?"), mode=raw.get("mode", "tuned"), profile=raw.get("profile", "quick"),
+        started=raw.get("started", ""), seconds=float(raw.get("seconds", 0.0)), hardware=hardware,
+        checks=checks, raw=raw,
+    )
+
+
+def _problem(check_id: str, group: str, title: str, result: dict[str, Any] | None) -> Check | None:
+    """A check for a workload that did not run (skipped, failed, absent), else None."""
+    if result is None:
+        return Check(check_id, group, title, SKIP, "not run (not among the chosen workloads)")
+    if "skipped" in result:
+        return Check(check_id, group, title, SKIP, result["skipped"])
+    if "error" in result:
+        return Check(check_id, group, title, FAIL, f"the workload failed: {result['error']}")
+    return None
+
+
+def config_checks(raw: dict[str, Any]) -> list[Check]:
+    cfg, plan = raw.get("config", {}), raw.get("plan", {})
+    threads = plan.get("threads_per_job")
+    out = []
+    for key, title in (("login_shell", "thread settings in a login shell"), ("systemd_service", "thread settings in a systemd service")):
+        seen = cfg.get(key, {})
+        cid = f"config.threads.{key}"
+        if "not_applicable" in seen:
+            out.append(Check(cid, "configuration", title, SKIP, f"not applicable: {seen['not_applicable']}"))
+            continue
+        if "error" in seen:
+            out.append(Check(cid, "configuration", title, FAIL, f"could not read it: {seen['error']}"))
+            continue
+        values = seen.get("values", {})
+        wrong = {v: values.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS") if values.get(v) != str(threads)}
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(values.items())) or "none set"
+        if wrong:
+            reason = "; ".join(f"{k} is {v or 'unset'}" for k, v in wrong.items())
+            out.append(Check(cid, "configuration", title, FAIL, f"{reason}, the plan says {threads} (role thread_env)", detail=shown))
+        else:
+            out.append(Check(cid, "configuration", title, PASS, f"{threads} threads per job, as planned", detail=shown))
+    thp = cfg.get("thp", {})
+    for name in ("enabled", "defrag"):
+        want, have = plan.get(f"thp_{name}"), thp.get(name)
+        cid = f"config.thp.{name}"
+        if want is None:
+            out.append(Check(cid, "configuration", f"THP {name}", INFO, f"{have}; the plan sets nothing"))
+        elif have == want:
+            out.append(Check(cid, "configuration", f"THP {name}", PASS, f"{have}, as planned"))
+        else:
+            out.append(Check(cid, "configuration", f"THP {name}", FAIL, f"{have}, the plan says {want} (role cpu_tuning; read-only in containers)"))
+    gov = cfg.get("governor", {})
+    want = plan.get("cpu_governor")
+    if "not_applicable" in gov or want is None:
+        out.append(Check("config.governor", "configuration", "CPU governor", SKIP, f"not applicable: {gov.get('not_applicable', 'the plan sets none')}"))
+    else:
+        st = PASS if gov.get("value") == want else FAIL
+        out.append(Check("config.governor", "configuration", "CPU governor", st, f"{gov.get('value')}" + ("" if st == PASS else f", the plan says {want}")))
+    mount = cfg.get("data_mount", {})
+    requested = raw.get("data_dir_requested")
+    if "error" in mount:
+        out.append(Check("config.data_mount", "configuration", "data mount", FAIL, mount["error"]))
+    elif requested and raw.get("data_dir") == requested:
+        noatime = "noatime" in mount.get("options", [])
+        out.append(Check("config.data_mount", "configuration", "data mount", PASS if noatime else WARN,
+                         f"{mount.get('fstype')} on {mount.get('source')} at {mount.get('target')}"
+                         + ("" if noatime else ", mounted without noatime (every read writes an access time)"),
+                         detail=",".join(mount.get("options", []))))
+    else:
+        out.append(Check("config.data_mount", "configuration", "data mount", INFO,
+                         f"no data mount at {requested}: the Parquet workload ran on {mount.get('target')} "
+                         f"({mount.get('fstype')} on {mount.get('source')})"))
+    return out
+
+
+def gemm_checks(raw: dict[str, Any], gemm: dict[str, Any] | None) -> list[Check]:
+    titles = {"dgemm_all": "DGEMM, all cores", "dgemm_one": "DGEMM, one core", "sgemm_all": "SGEMM, all cores", "sgemm_one": "SGEMM, one core"}
+    problem = _problem("compute.gemm", "compute", "GEMM", gemm)
+    if problem:
+        return [problem]
+    assert gemm is not None
+    cpu = raw.get("cpu", {})
+    fpc, fpc_basis = fp64_flops_per_cycle(cpu.get("vendor", ""), cpu.get("family", 0), cpu.get("model", 0), cpu.get("flags", []))
+    ghz, clock_basis = clock_ghz(raw)
+    kernels = ", ".join(f"{b.get('internal_api')} {b.get('architecture')}" for b in gemm.get("blas", [])) or "unknown BLAS"
+    out = []
+    for key, title in titles.items():
+        fig = gemm.get(key, {}).get("gflops")
+        if fig is None:
+            continue
+        cores = 1 if key.endswith("_one") else int(raw.get("threads") or cpu.get("physical_cores") or 1)
+        per_cycle = fpc * (2 if key.startswith("s") else 1)
+        cid = f"compute.{key}"
+        detail = (f"n={gemm.get('n')}, median of {len(gemm[key].get('times_s', []))}, threads {gemm[key].get('threads')}, "
+                  f"{kernels}")
+        if not ghz:
+            out.append(Check(cid, "compute", title, INFO, "no clock known: reported without a ratio", fig, "GFLOPS", detail=detail))
+            continue
+        limit = cores * per_cycle * ghz
+        ratio = fig / limit
+        status = grade(ratio, GEMM_GRADES)
+        reason = f"{ratio:.0%} of peak"
+        if ratio > 1.05:
+            reason += ": above the peak at the assumed clock, so the cores run faster than it (boost)"
+        elif status != PASS:
+            reason += f"; large GEMMs reach 80-90%: check the BLAS kernel ({kernels}) and the thread count"
+        basis = f"{cores} core(s) x {per_cycle} {'FP32' if key.startswith('s') else 'FP64'} FLOPs/cycle x {ghz:.2f} GHz (the peak's derivation is in the header)"
+        out.append(Check(cid, "compute", title, status, reason, fig, "GFLOPS", limit, basis, ratio, detail=detail))
+    return out
+
+
+def triad_check(raw: dict[str, Any], triad: dict[str, Any] | None) -> Check:
+    title = "memory bandwidth (STREAM triad)"
+    problem = _problem("memory.triad", "memory", title, triad)
+    if problem:
+        return problem
+    assert triad is not None
+    fig = triad["gbps"]
+    detail = f"{triad.get('how')}, n={triad.get('n')}, median of {len(triad.get('times_s', []))}, threads {triad.get('threads')}"
+    limit, basis = dram_gbps(raw.get("memory", {}))
+    if limit is None:
+        return Check("memory.triad", "memory", title, INFO, f"reported without a ratio: {basis}", fig, "GB/s", basis=basis, detail=detail)
+    ratio = fig / limit
+    status = grade(ratio, TRIAD_GRADES)
+    reason = f"{ratio:.0%} of theoretical DRAM bandwidth (STREAM reaches 74-82%)"
+    if status == WARN:
+        reason += "; fewer channels populated than DIMMs, or threads below the cores"
+    return Check("memory.triad", "memory", title, status, reason, fig, "GB/s", limit, basis, ratio, detail=detail)
+
+
+def gbdt_checks(raw: dict[str, Any], gbdt: dict[str, Any] | None) -> list[Check]:
+    problem = _problem("gbdt", "gradient boosting", "gradient boosting", gbdt)
+    if problem:
+        return [problem]
+    assert gbdt is not None
+    out = []
+    for lib in ("xgboost", "lightgbm", "catboost"):
+        res = gbdt.get(lib)
+        cid, title = f"gbdt.{lib}", f"{lib} hist training"
+        problem = _problem(cid, "gradient boosting", title, res)
+        if problem:
+            out.append(problem)
+            continue
+        assert res is not None
+        allc, one = res["all"], res["one"]
+        cores = int(raw.get("threads") or 1)
+        fig = allc["row_trees_per_s"] / 1e6
+        limit = one["row_trees_per_s"] * cores / 1e6
+        ratio = fig / limit
+        speedup = allc["row_trees_per_s"] / one["row_trees_per_s"]
+        status = grade(ratio, GBDT_GRADES)
+        if speedup < 1:
+            status = FAIL
+        reason = f"1 -> {cores} cores: {speedup:.1f}x ({ratio:.0%} of linear)"
+        if status != PASS:
+            reason += "; more threads barely help: oversubscription, a thread cap, or memory-bound"
+        detail = (f"{gbdt.get('rows'):,} x {gbdt.get('cols')}, depth {gbdt.get('depth')}, {allc['trees']} trees on "
+                  f"{allc['threads']} threads, {one['trees']} on 1; median of {len(allc.get('times_s', []))}; "
+                  f"{lib} {res.get('version')}")
+        basis = f"the one-core rate ({one['row_trees_per_s'] / 1e6:.2f} M row-trees/s) x {cores} cores (linear scaling)"
+        out.append(Check(cid, "gradient boosting", title, status, reason, fig, "M row-trees/s", limit, basis, ratio, detail=detail))
+    return out
+
+
+def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any] | None) -> list[Check]:
+    title = "PyTorch MLP training step"
+    problem = _problem("torch.mlp", "pytorch", title, mlp)
+    if problem:
+        return [problem]
+    assert mlp is not None
+    fig, limit = mlp["gflops"], mlp["sgemm_gflops"]
+    ratio = fig / limit
+    status = grade(ratio, MLP_GRADES)
+    reasons = [f"{ratio:.0%} of torch's SGEMM rate ({mlp['samples_per_s']:,.0f} samples/s)"]
+    want = raw.get("threads") if raw.get("mode") == "tuned" else None
+    if want and mlp.get("threads") != want:
+        status = FAIL
+        reasons.append(f"torch uses {mlp.get('threads')} threads, the plan says {want}")
+    if not (mlp.get("mkl") and mlp.get("mkldnn")):
+        status = max(status, WARN, key=lambda s: _RANK[s])
+        reasons.append(f"MKL {'on' if mlp.get('mkl') else 'off'}, oneDNN {'on' if mlp.get('mkldnn') else 'off'}: not a CPU build with both")
+    detail = (f"torch {mlp.get('torch')}, {mlp.get('threads')} threads, batch {mlp.get('batch')}, width {mlp.get('width')}, "
+              f"median of {len(mlp.get('step_s', []))}")
+    basis = f"torch.mm SGEMM n={mlp.get('sgemm_n')} in the same process, same threads"
+    return [Check("torch.mlp", "pytorch", title, status, "; ".join(reasons), fig, "GFLOPS", limit, basis, ratio, detail=detail)]
+
+
+def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any] | None) -> list[Check]:
+    problem = _problem("hpo.parallel", "hyperparameter search", "parallel trials", hpo)
+    if problem:
+        return [problem]
+    assert hpo is not None
+    runs = hpo["runs"]
+    detail = (f"{hpo['trials']} {hpo['library']} trials ({hpo['rows']:,} rows, {hpo['trees']} trees) per run, one run each, "
+              f"{hpo['sampler']}")
+    seq = runs["sequential"]["trials_per_min"]
+    if "parallel" not in runs:
+        return [Check("hpo.parallel", "hyperparameter search", "parallel trials", SKIP,
+                      "one trial at a time on this host (one core): nothing to run in parallel", seq, "trials/min", detail=detail)]
+    par, over = runs["parallel"], runs["oversubscribed"]
+    ratio = par["trials_per_min"] / seq
+    each = par["threads_each"]
+    status = grade(ratio, HPO_GRADES)
+    reason = f"{par['procs']} processes x {each} thread(s): {ratio:.2f}x the one-after-another rate"
+    if status != PASS:
+        reason += "; parallel trials lose to running them one by one: each trial's threads must be cores / trials"
+    out = [Check("hpo.parallel", "hyperparameter search", "parallel trials", status, reason, par["trials_per_min"], "trials/min",
+                 seq, f"the same trials one after another, {runs['sequential']['threads_each']} thread(s) each", ratio, detail=detail)]
+    oratio = over["trials_per_min"] / par["trials_per_min"]
+    saved = 1 - oratio
+    if oratio <= 1.05:
+        ostatus, oreason = PASS, f"oversubscribed ({over['procs']} processes x {over['threads_each']} threads, {over.get('trials', hpo['trials'])} trials) runs at {oratio:.0%} of the planned rate: the thread plan saves {max(saved, 0):.0%}"
+    else:
+        ostatus, oreason = WARN, f"oversubscribed ran {oratio - 1:.0%} faster than the plan's threads per trial here"
+    out.append(Check("hpo.oversubscribed", "hyperparameter search", "oversubscribed trials (every trial all threads)", ostatus, oreason,
+                     over["trials_per_min"], "trials/min", par["trials_per_min"], "the planned parallel rate", oratio, detail=detail))
+    return out
+
+
+def parquet_check(raw: dict[str, Any], pq: dict[str, Any] | None) -> Check:
+    title = "Parquet scan from the data mount"
+    problem = _problem("data.parquet", "data", title, pq)
+    if problem:
+        return problem
+    assert pq is not None
+    threads = int(pq.get("scan_threads") or raw.get("threads") or 1)
+    if pq.get("in_memory_gbps"):
+        decode, how = pq["in_memory_gbps"], "the same file decoded from memory"
+    else:
+        decode, how = threads * SNAPPY_DECODE_GBPS_PER_CORE, f"snappy decode at {SNAPPY_DECODE_GBPS_PER_CORE} GB/s per thread"
+    disk = pq["raw_read_gbps"]
+    limit = min(disk, decode)
+    bound = "the mount's sequential read" if disk <= decode else f"decoding ({threads} threads)"
+    cache = "cold cache" if pq.get("cold_cache") else "warm cache: " + str(pq.get("cache_note") or "")
+    basis = (f"min(the same file read raw from the mount: {disk:.2f} GB/s, {how}: {decode:.2f} GB/s); "
+             f"bound by {bound}; {cache}")
+    ratio = pq["scan_gbps"] / limit
+    status = grade(ratio, PARQUET_GRADES)
+    reason = f"{ratio:.0%} of {bound}"
+    detail = (f"{pq['file_bytes'] / 1e6:.0f} MB snappy ({pq['rows']:,} rows), write {pq['write_gbps']:.2f} GB/s, "
+              f"decoded {pq['decoded_gbps']:.2f} GB/s, {threads} threads, median of {len(pq.get('scan_s', []))}, "
+              f"on {raw.get('data_dir')}")
+    return Check("data.parquet", "data", title, status, reason, pq["scan_gbps"], "GB/s", limit, basis, ratio, detail=detail)
+
+
+def inference_checks(inf: dict[str, Any] | None) -> list[Check]:
+    title = "single-row predict latency"
+    problem = _problem("inference.p99", "inference", title, inf)
+    if problem:
+        return [problem]
+    assert inf is not None
+    detail = f"{inf['library']}, {inf['trees']} trees depth {inf['depth']}, {inf['calls']} calls, threads {inf['threads']}"
+    ok, warn = LATENCY_P99_US
+    p99 = inf["p99_us"]
+    status = PASS if p99 <= ok else WARN if p99 <= warn else FAIL
+    basis = f"an endpoint answers in 1-20 ms: the model's p99 within {ok / 1000:.0f} ms passes, within {warn / 1000:.0f} ms warns"
+    return [
+        Check("inference.p50", "inference", "single-row predict p50", INFO, "median latency in-process", inf["p50_us"], "µs",
+              higher_is_better=False, detail=detail),
+        Check("inference.p99", "inference", "single-row predict p99", status, f"p99 {p99:,.0f} µs ({p99 / ok:.0%} of the budget)",
+              p99, "µs", ok, basis, p99 / ok, higher_is_better=False, detail=detail),
+    ]
+
+
+# ---------------------------------------------------------------- before/after, regressions
+
+
+def _better_ratio(check: Check, other: float) -> float | None:
+    if not check.figure or not other:
+        return None
+    return check.figure / other if check.higher_is_better else other / check.figure
+
+
+def attach_baseline(report: HostReport, baseline: HostReport | None) -> None:
+    """Put the unprovisioned machine's figure next to each figure (gain = after / before)."""
+    if baseline is None:
+        return
+    report.baseline_started = baseline.started
+    before = {c.id: c.figure for c in baseline.checks if c.figure is not None}
+    for c in report.checks:
+        if c.id in before and c.id not in ILLUSTRATIONS:
+            c.baseline = before[c.id]
+            c.gain = _better_ratio(c, before[c.id])
+
+
+def flag_regressions(report: HostReport, previous: HostReport | None, threshold: float = REGRESSION) -> None:
+    """Flag figures more than `threshold` worse than the host's last run of the same mode and profile."""
+    if previous is None:
+        return
+    report.previous_started = previous.started
+    last = {c.id: c.figure for c in previous.checks if c.figure is not None}
+    for c in report.checks:
+        if c.id not in last or c.figure is None or c.id in ILLUSTRATIONS:
+            continue
+        c.previous = last[c.id]
+        change = _better_ratio(c, last[c.id])
+        if change is not None and change < 1 - threshold:
+            c.regression = True
+            if _RANK[c.status] < _RANK[WARN]:
+                c.status = WARN
+            c.reason += f"; regression: {1 - change:.0%} worse than the last run ({previous.started}: {last[c.id]:,.3g} {c.unit})"
+
+
+# ---------------------------------------------------------------- history per host
+
+
+def history_dir(host: str) -> Path:
+    return paths.state_dir() / "smoke" / host
+
+
+def save(report: HostReport) -> Path:
+    d = history_dir(report.host)
+    d.mkdir(parents=True, exist_ok=True)
+    stamp = report.started.replace(":", "").replace("-", "") or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = d / f"{stamp}-{report.mode}-{report.profile}.json"
+    path.write_text(json.dumps(report.to_dict(raw=True), indent=1))
+    return path
+
+
+def latest(host: str, mode: str, profile: str | None = None) -> HostReport | None:
+    """The host's last kept run of this mode (and profile, else any profile)."""
+    d = history_dir(host)
+    if not d.is_dir():
+        return None
+    pattern = f"*-{mode}-{profile}.json" if profile else f"*-{mode}-*.json"
+    files = sorted(d.glob(pattern))
+    if not files and profile:
+        return latest(host, mode, None)
+    return HostReport.from_dict(json.loads(files[-1].read_text())) if files else None
+
+
+def judge(host: str, raw: dict[str, Any], keep: bool = True) -> HostReport:
+    """Evaluate a host's raw figures against its limits, its baseline and its last run; keep it."""
+    report = evaluate(raw)
+    report.host = host
+    if report.mode == "tuned":
+        attach_baseline(report, latest(host, "baseline", report.profile))
+    flag_regressions(report, latest(host, report.mode, report.profile) if _has_exact(host, report) else None)
+    if keep:
+        save(report)
+    return report
+
+
+def _has_exact(host: str, report: HostReport) -> bool:
+    d = history_dir(host)
+    return d.is_dir() and any(d.glob(f"*-{report.mode}-{report.profile}.json"))
+
+
+# ---------------------------------------------------------------- running it
+
+
+@dataclass
+class SmokeRun:
+    """The playbook run that measured, and each measured host's judged report."""
+
+    run: Any  # engine.RunResult
+    reports: list[HostReport]
+    html: Path | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """The run's failure, else 1 when a tuned host failed a check (a baseline records, never fails)."""
+        from .errors import ExitCode
+
+        if self.run.exit_code != ExitCode.OK:
+            return int(self.run.exit_code)
+        failed = any(r.status == FAIL and r.mode == "tuned" for r in self.reports)
+        return int(ExitCode.HOST_FAILED) if failed else int(ExitCode.OK)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exit_code": self.exit_code,
+            "run": self.run.to_dict(),
+            "html": str(self.html) if self.html else None,
+            "hosts": {r.host: r.to_dict() for r in self.reports},
+        }
+
+
+def default_html() -> Path:
+    return paths.state_dir() / "smoke" / "report.html"
+
+
+def measure(
+    inventory: Path,
+    *,
+    limit: str | None = None,
+    profile: str = "quick",
+    baseline: bool = False,
+    extravars: dict[str, Any] | None = None,
+    accept_new_host_keys: bool = False,
+    on_progress: Any = None,
+    html: Path | None = None,
+) -> SmokeRun:
+    """Run playbooks/smoke.yml, judge every host's figures, keep them, write the HTML report."""
+    from . import engine, report
+
+    extra = {**(extravars or {}), "smoke_profile": profile, "smoke_mode": "baseline" if baseline else "tuned"}
+    run = engine.run_playbook("smoke.yml", inventory, limit=limit, extravars=extra,
+                              accept_new_host_keys=accept_new_host_keys, on_progress=on_progress)
+    reports = [judge(host, facts["smoke_result"]) for host, facts in sorted(run.facts.items())
+               if facts.get("smoke_result")]
+    out = None
+    if reports:
+        out = report.write_html(reports, html or default_html())
+    return SmokeRun(run, reports, out)

@@ -1,0 +1,281 @@
+"""The smoke test's judgement: peak derivation, thresholds, before/after, regressions, report."""
+
+from __future__ import annotations
+
+import copy
+import json
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from provisioner import report, smoke
+
+DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def raw():
+    """Figures measured on a 2-core AMD EPYC (Zen 5) VM in baseline mode."""
+    return json.loads((DATA / "smoke_raw_baseline.json").read_text())
+
+
+@pytest.fixture
+def tuned(raw):
+    """The same machine as a provisioned host would report it (tuned mode, plan and configuration)."""
+    t = copy.deepcopy(raw)
+    t["mode"] = "tuned"
+    t["plan"] = {"threads_per_job": 2, "trials": 2, "threads_per_trial": 1, "thp_enabled": "madvise",
+                 "thp_defrag": "madvise", "cpu_governor": None, "blas": "openblas"}
+    t["data_dir_requested"] = "/data"
+    env = {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    t["config"].update({"login_shell": {"values": dict(env)}, "systemd_service": {"values": dict(env)}})
+    return t
+
+
+def by_id(rep: smoke.HostReport) -> dict[str, smoke.Check]:
+    return {c.id: c for c in rep.checks}
+
+
+@pytest.mark.parametrize(
+    ("vendor", "family", "model", "flags", "expected"),
+    [
+        ("AuthenticAMD", 0x1A, 2, ["avx2", "fma", "avx512f"], 32),  # Zen 5
+        ("AuthenticAMD", 0x19, 0x61, ["avx2", "fma", "avx512f"], 16),  # Zen 4: double-pumped
+        ("AuthenticAMD", 0x19, 0x21, ["avx2", "fma"], 16),  # Zen 3
+        ("AuthenticAMD", 0x17, 0x31, ["avx2", "fma"], 16),  # Zen 2
+        ("AuthenticAMD", 0x17, 0x01, ["avx2", "fma"], 8),  # Zen 1: 128-bit pipes
+        ("GenuineIntel", 6, 0x8F, ["avx2", "fma", "avx512f"], 32),  # Sapphire Rapids
+        ("GenuineIntel", 6, 0x3F, ["avx", "avx2", "fma"], 16),  # Haswell
+        ("GenuineIntel", 6, 0x2A, ["avx"], 8),  # Sandy Bridge
+        ("GenuineIntel", 6, 0x1A, ["sse2"], 4),
+    ],
+)
+def test_fp64_flops_per_cycle_follows_the_microarchitecture(vendor, family, model, flags, expected):
+    value, why = smoke.fp64_flops_per_cycle(vendor, family, model, flags)
+    assert value == expected
+    assert why
+
+
+def test_peak_is_cores_times_flops_per_cycle_times_the_clock_and_says_which_clock(raw):
+    checks = by_id(smoke.evaluate(raw))
+    d = checks["compute.dgemm_all"]
+    assert d.limit == pytest.approx(2 * 32 * 2.596122, rel=1e-4)  # 2 cores, Zen 5, cpu MHz under load
+    assert "2.60 GHz" in d.basis and "no cpufreq driver" in smoke.evaluate(raw).hardware["clock_basis"]
+    s = checks["compute.sgemm_one"]
+    assert s.limit == pytest.approx(1 * 64 * 2.596122, rel=1e-4)  # FP32: twice the FP64 rate, one core
+    assert "above the peak" in s.reason  # 233 GFLOPS on one core: the clock runs above the nominal one
+
+
+def test_a_wrong_blas_kernel_fails_the_gemm_check(raw):
+    # OPENBLAS_CORETYPE=Prescott gives about a fifth of DGEMM: far below the peak.
+    raw["results"]["gemm"]["dgemm_one"]["gflops"] = 18.0
+    raw["results"]["gemm"]["blas"][0]["architecture"] = "Prescott"
+    c = by_id(smoke.evaluate(raw))["compute.dgemm_one"]
+    assert c.status == smoke.FAIL
+    assert "Prescott" in c.reason
+    raw["results"]["gemm"]["dgemm_one"]["gflops"] = 40.0  # Haswell kernel on AVX-512: about half
+    assert by_id(smoke.evaluate(raw))["compute.dgemm_one"].status == smoke.WARN
+
+
+def test_the_clock_measured_under_load_wins_over_nominal_ones(raw):
+    raw["cpu"]["max_mhz"] = 5000.0
+    assert smoke.clock_ghz(raw)[0] == pytest.approx(2.596122)
+    del raw["results"]["gemm"]["clock_mhz_under_load"]
+    ghz, why = smoke.clock_ghz(raw)
+    assert ghz == 5.0 and "cpuinfo_max_freq" in why
+
+
+def test_dram_limit_comes_from_the_dimms_or_there_is_no_ratio(raw):
+    c = by_id(smoke.evaluate(raw))["memory.triad"]
+    assert c.status == smoke.INFO and c.ratio is None and "dmidecode is not installed" in c.reason
+    raw["memory"] = {"source": "dmidecode -t 17", "dimms": [
+        {"size": "32 GB", "type": "DDR5", "configured_mts": 3600, "rated_mts": 4800, "locator": "A1"},
+        {"size": "32 GB", "type": "DDR5", "configured_mts": 3600, "rated_mts": 4800, "locator": "B1"},
+    ]}
+    c = by_id(smoke.evaluate(raw))["memory.triad"]
+    assert c.limit == pytest.approx(57.6)  # AM5: 2 channels x 8 B x 3600 MT/s
+    assert "configured" in c.basis and c.ratio == pytest.approx(c.figure / 57.6)
+    raw["memory"]["dimms"][0]["configured_mts"] = None
+    raw["memory"]["dimms"][0]["rated_mts"] = None
+    assert smoke.dram_gbps(raw["memory"])[0] is None
+
+
+def test_gbdt_scaling_is_held_against_linear_and_slower_with_more_threads_fails(raw):
+    checks = by_id(smoke.evaluate(raw))
+    x = checks["gbdt.xgboost"]
+    one = raw["results"]["gbdt"]["xgboost"]["one"]["row_trees_per_s"]
+    assert x.limit == pytest.approx(one * 2 / 1e6)
+    raw["results"]["gbdt"]["lightgbm"]["all"]["row_trees_per_s"] = one * 0.8
+    raw["results"]["gbdt"]["lightgbm"]["one"]["row_trees_per_s"] = one
+    assert by_id(smoke.evaluate(raw))["gbdt.lightgbm"].status == smoke.FAIL
+
+
+def test_parallel_trials_against_one_after_another(raw, tuned):
+    # Baseline: library defaults in every trial process (oversubscribed): slower than sequential.
+    assert by_id(smoke.evaluate(raw))["hpo.parallel"].status == smoke.FAIL
+    runs = tuned["results"]["hpo"]["runs"]
+    runs["parallel"].update(seconds=2.0, trials_per_min=60.0, threads_each=1)
+    checks = by_id(smoke.evaluate(tuned))
+    assert checks["hpo.parallel"].status == smoke.PASS
+    assert checks["hpo.parallel"].ratio == pytest.approx(60.0 / runs["sequential"]["trials_per_min"])
+    over = checks["hpo.oversubscribed"]
+    assert over.status == smoke.PASS and "saves" in over.reason
+
+
+def test_missing_libraries_and_failed_workloads_are_named(raw):
+    raw["results"]["mlp"] = {"skipped": "torch is not installed in this environment (component torch)"}
+    raw["results"]["inference"] = {"error": "inference: ValueError: boom"}
+    del raw["results"]["parquet"]
+    checks = by_id(smoke.evaluate(raw))
+    assert checks["torch.mlp"].status == smoke.SKIP and "component torch" in checks["torch.mlp"].reason
+    assert checks["inference.p99"].status == smoke.FAIL and "boom" in checks["inference.p99"].reason
+    assert "data.parquet" not in checks
+
+
+def test_latency_thresholds(raw):
+    inf = raw["results"]["inference"]
+    for p99, status in ((800.0, smoke.PASS), (4000.0, smoke.WARN), (25000.0, smoke.FAIL)):
+        inf["p99_us"] = p99
+        assert by_id(smoke.evaluate(raw))["inference.p99"].status == status
+
+
+def test_configuration_as_the_workloads_see_it(tuned):
+    checks = by_id(smoke.evaluate(tuned))
+    assert checks["config.threads.login_shell"].status == smoke.PASS
+    assert checks["config.governor"].status == smoke.SKIP and "no cpufreq" in checks["config.governor"].reason
+    assert checks["config.data_mount"].status == smoke.INFO and "no data mount at /data" in checks["config.data_mount"].reason
+    tuned["config"]["login_shell"]["values"].pop("OPENBLAS_NUM_THREADS")
+    tuned["config"]["systemd_service"] = {"not_applicable": "systemd is not running here"}
+    tuned["config"]["thp"]["enabled"] = "always"
+    tuned["data_dir"] = "/data"
+    tuned["config"]["data_mount"] = {"path": "/data", "target": "/data", "source": "/dev/md0", "fstype": "xfs",
+                                     "options": ["rw", "noatime"]}
+    checks = by_id(smoke.evaluate(tuned))
+    shell = checks["config.threads.login_shell"]
+    assert shell.status == smoke.FAIL and "OPENBLAS_NUM_THREADS is unset" in shell.reason
+    assert checks["config.threads.systemd_service"].status == smoke.SKIP
+    assert checks["config.thp.enabled"].status == smoke.FAIL
+    assert checks["config.data_mount"].status == smoke.PASS
+
+
+def test_torch_threads_must_match_the_plan(tuned):
+    tuned["results"]["mlp"]["threads"] = 1
+    c = by_id(smoke.evaluate(tuned))["torch.mlp"]
+    assert c.status == smoke.FAIL and "plan says 2" in c.reason
+
+
+def test_a_run_more_than_15_percent_worse_is_a_regression(raw):
+    before = smoke.evaluate(raw)
+    worse = copy.deepcopy(raw)
+    worse["results"]["gemm"]["dgemm_all"]["gflops"] *= 0.8  # -20%
+    worse["results"]["gemm"]["sgemm_all"]["gflops"] *= 0.9  # -10%: noise, not a regression
+    worse["results"]["inference"]["p99_us"] *= 1.5  # latency: higher is worse
+    now = smoke.evaluate(worse)
+    smoke.flag_regressions(now, before)
+    checks = by_id(now)
+    assert checks["compute.dgemm_all"].regression and checks["compute.dgemm_all"].status == smoke.WARN
+    assert "20% worse" in checks["compute.dgemm_all"].reason
+    assert not checks["compute.sgemm_all"].regression
+    assert checks["inference.p99"].regression
+    assert now.previous_started == before.started
+
+
+def test_baseline_figures_sit_next_to_the_tuned_ones(raw, tuned):
+    base = smoke.evaluate(raw)
+    tuned["results"]["hpo"]["runs"]["parallel"]["trials_per_min"] = 60.0
+    after = smoke.evaluate(tuned)
+    smoke.attach_baseline(after, base)
+    c = by_id(after)["hpo.parallel"]
+    assert c.baseline == pytest.approx(raw["results"]["hpo"]["runs"]["parallel"]["trials_per_min"])
+    assert c.gain == pytest.approx(60.0 / c.baseline)
+    p99 = by_id(after)["inference.p99"]
+    assert p99.gain == pytest.approx(1.0)  # lower-is-better figures: before / after
+
+
+def test_history_keeps_runs_per_host_and_finds_the_last(raw, tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path))
+    first = smoke.judge("h1", raw)
+    assert first.previous_started is None
+    second_raw = copy.deepcopy(raw)
+    second_raw["started"] = "2026-11-30T20:00:00Z"
+    second_raw["results"]["gemm"]["dgemm_all"]["gflops"] *= 0.5
+    second = smoke.judge("h1", second_raw)
+    assert second.previous_started == raw["started"]
+    assert by_id(second)["compute.dgemm_all"].regression
+    assert smoke.latest("h1", "baseline", "quick").started == "2026-11-30T20:00:00Z"
+    assert smoke.latest("h2", "baseline", "quick") is None
+    assert len(list((tmp_path / "smoke" / "h1").glob("*.json"))) == 2
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for k, v in attrs:
+            if k in ("src", "href") and v and not v.startswith("#"):
+                self.external.append(v)
+
+
+def test_html_report_is_self_contained_with_charts(raw, tuned):
+    base = smoke.evaluate(raw)
+    after = smoke.evaluate(tuned)
+    smoke.attach_baseline(after, base)
+    text = report.render_html([after, base])
+    parser = _Collect()
+    parser.feed(text)
+    assert "script" not in parser.tags and not parser.external  # one file, nothing fetched
+    svgs = [s + "</svg>" for s in ("<svg" + part.split("</svg>")[0] for part in text.split("<svg")[1:])]
+    assert len(svgs) >= 20
+    for svg in svgs:
+        ET.fromstring(svg.replace('role="img"', ""))  # well-formed SVG
+    assert "DGEMM, all cores" in text and "before" in text
+    assert text.count("<h2") == 2
+
+
+def test_report_escapes_what_hosts_report(raw):
+    raw["cpu"]["model_name"] = "<script>alert(1)</script>"
+    text = report.render_html([smoke.evaluate(raw)])
+    assert "<script>" not in text
+
+
+def test_script_on_the_target_needs_only_the_standard_library():
+    script = ROOT / "roles" / "smoke" / "files" / "provisioner_smoke.py"
+    top = [ln for ln in script.read_text().splitlines() if ln.startswith(("import ", "from "))]
+    stdlib = {"argparse", "glob", "json", "os", "platform", "pwd", "re", "shutil", "socket", "statistics",
+              "subprocess", "sys", "tempfile", "threading", "time", "__future__", "typing"}
+    assert {ln.split()[1].split(".")[0] for ln in top} <= stdlib
+
+
+def test_html_report_renders_in_a_headless_browser(raw, tuned, tmp_path):
+    import os
+    import shutil
+    import subprocess
+
+    browser = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+    if not browser:
+        if os.environ.get("PROVISIONER_REQUIRE_LAB") == "1":
+            pytest.fail("chromium-headless-shell is not installed: run bash install.sh --test")
+        pytest.skip("chromium-headless-shell is not installed (bash install.sh --test installs it)")
+    base = smoke.evaluate(raw)
+    after = smoke.evaluate(tuned)
+    smoke.attach_baseline(after, base)
+    page = report.write_html([after], tmp_path / "report.html")
+    flags = ["--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # The browser parsed the page: every chart is an SVG element in its DOM, the tables are there.
+    assert dom.stdout.count("<svg") == report.render_html([after]).count("<svg") >= 20
+    assert "DGEMM, all cores" in dom.stdout
+    shot = tmp_path / "report.png"
+    r = subprocess.run([browser, *flags, f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000  # a page with content, not a blank one
