@@ -916,6 +916,13 @@ def down(name: str) -> bool:
     return removed
 
 
+@contextlib.contextmanager
+def frozen() -> Iterator[None]:
+    """Hold the lab lock: no server comes up or goes down meanwhile (for consistent checks)."""
+    with _locked(paths.lab_dir() / ".lock"):
+        yield
+
+
 def list_servers() -> list[LabServer]:
     """Every lab server in lab_dir(), alive or not (see .alive)."""
     servers = [_server_from_state(state) for state in _all_states()]

@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 bash install.sh --test
 # Lab tests fail rather than skip when lab servers can't run: a skip would hide a broken install.
 export PROVISIONER_REQUIRE_LAB=1
-exec .venv/bin/pytest -ra "$@"
+# Two workers (pytest-xdist): the tests sharing one lab server stay together on one of them
+# (tests/conftest.py), the molecule scenarios and the rest fill the other.
+exec .venv/bin/pytest -ra -n 2 --dist loadgroup --durations=25 "$@"

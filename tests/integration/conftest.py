@@ -50,3 +50,4 @@ def fresh_lab_server(lab_requirements: None) -> Iterator[Callable[..., lab.LabSe
                 errors.append(str(exc))
         if errors:
             raise lab.LabError("; ".join(errors))
+

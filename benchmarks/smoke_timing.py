@@ -1,0 +1,76 @@
+"""Times the quick smoke test on a provisioned lab server; prints the medians per workload.
+
+    .venv/bin/python benchmarks/smoke_timing.py [--runs 3] [--profile quick] [--keep]
+
+Builds a wheelhouse (core, gbdt, torch, hpo), provisions a fresh lab server from it without
+the smoke step, then runs `provisioner smoke` --runs times. Prints the wall time of each run,
+the seconds each workload took (median over the runs) and the headline figures with their
+ratio to the hardware's limit. Figures, never pass/fail: these machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from provisioner import bundle, lab
+
+BIN = Path(sys.executable).parent / "provisioner"
+COMPONENTS = ["core", "gbdt", "torch", "hpo"]
+
+
+def run(*args: str) -> tuple[float, dict]:
+    started = time.monotonic()
+    r = subprocess.run([str(BIN), *args, "--json"], capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if not r.stdout.strip():
+        sys.exit(f"provisioner {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
+    return seconds, json.loads(r.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--profile", choices=("quick", "full"), default="quick")
+    parser.add_argument("--keep", action="store_true", help="leave the lab server up")
+    args = parser.parse_args()
+    name = "pv-bench-smoke"
+    wheels = bundle.build_wheelhouse(bundle.default_wheelhouse(), COMPONENTS).path
+    server = lab.up(name)
+    try:
+        inv = str(server.inventory)
+        comps = "[" + ",".join(COMPONENTS) + "]"
+        up_s, up = run("up", "-i", inv, "--no-smoke", "-e", f"mlstack_wheelhouse={wheels}", "-e", f"mlstack_components={comps}")
+        if up["exit_code"] != 0:
+            sys.exit(f"provisioning the lab server failed: {up['hosts']}")
+        print(f"provisioned {name} in {up_s:.0f} s")
+        walls, per_task, reports = [], {}, []
+        for i in range(args.runs):
+            wall, out = run("smoke", "-i", inv, *(["--full"] if args.profile == "full" else []))
+            rep = out["hosts"][name]
+            reports.append(rep)
+            walls.append(wall)
+            for task, seconds in rep["workloads"].items():
+                per_task.setdefault(task, []).append(seconds)
+            print(f"run {i + 1}: {wall:.1f} s wall, {rep['seconds']:.1f} s on the target, status {rep['status']}")
+        print(f"\nsmoke --{args.profile}: median {statistics.median(walls):.1f} s wall "
+              f"(min {min(walls):.1f}, max {max(walls):.1f}, {len(walls)} runs)")
+        for task, secs in per_task.items():
+            print(f"  {task:10s} {statistics.median(secs):6.1f} s")
+        print("\nheadline figures (last run):")
+        for c in reports[-1]["checks"]:
+            if c["figure"] is not None:
+                ratio = f"{c['ratio']:.2f} of limit" if c["ratio"] is not None else "no limit"
+                print(f"  {c['title']:45s} {c['figure']:12.3g} {c['unit']:14s} {ratio:16s} {c['status']}")
+    finally:
+        if not args.keep:
+            lab.down(name)
+
+
+if __name__ == "__main__":
+    main()
