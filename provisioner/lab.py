@@ -54,7 +54,13 @@ INCLUDE: tuple[str, ...] = (
 )
 # Host keys made by openssh-server's postinst would be shared by every server: drop them,
 # each server gets its own at `up`.
-CUSTOMIZE_HOOKS: tuple[str, ...] = ('rm -f "$1"/etc/ssh/ssh_host_*',)
+CUSTOMIZE_HOOKS: tuple[str, ...] = (
+    'rm -f "$1"/etc/ssh/ssh_host_*',
+    # apt's daily timers would take the dpkg lock at random moments after boot: a role's apt
+    # task then waits for it and can report a change where there was none.
+    'ln -sf /dev/null "$1"/etc/systemd/system/apt-daily.timer',
+    'ln -sf /dev/null "$1"/etc/systemd/system/apt-daily-upgrade.timer',
+)
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 LAB_NET = ipaddress.IPv4Network("10.213.0.0/16")

@@ -185,13 +185,14 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
     checks: list[Check] = []
     if raw.get("mode") == "tuned":
         checks += config_checks(raw)
-    checks += gemm_checks(raw, results.get("gemm"))
-    checks += [triad_check(raw, results.get("triad"))] if "triad" in results else []
-    checks += gbdt_checks(raw, results.get("gbdt"))
-    checks += mlp_checks(raw, results.get("mlp"))
-    checks += hpo_checks(raw, results.get("hpo"))
-    checks += [parquet_check(raw, results.get("parquet"))] if "parquet" in results else []
-    checks += inference_checks(results.get("inference"))
+    # Only the workloads that ran (smoke_workloads may choose some) get checks.
+    checks += gemm_checks(raw, results["gemm"]) if "gemm" in results else []
+    checks += [triad_check(raw, results["triad"])] if "triad" in results else []
+    checks += gbdt_checks(raw, results["gbdt"]) if "gbdt" in results else []
+    checks += mlp_checks(raw, results["mlp"]) if "mlp" in results else []
+    checks += hpo_checks(raw, results["hpo"]) if "hpo" in results else []
+    checks += [parquet_check(raw, results["parquet"])] if "parquet" in results else []
+    checks += inference_checks(results["inference"]) if "inference" in results else []
     ghz, clock_basis = clock_ghz(raw)
     cpu = raw.get("cpu", {})
     fpc, fpc_basis = fp64_flops_per_cycle(cpu.get("vendor", ""), cpu.get("family", 0), cpu.get("model", 0), cpu.get("flags", []))
