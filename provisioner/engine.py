@@ -304,11 +304,14 @@ def run_playbook(
             envvars=_run_env(accept_new_host_keys),
             event_handler=collector.handle,
             quiet=True,
-            rotate_artifacts=KEEP_ARTIFACTS,
+            # Rotated below, not by ansible-runner: its rotation races with another run's
+            # (two provisioner commands at once), deleting a directory the other still writes.
+            rotate_artifacts=0,
             timeout=None,
         )
     finally:
         shutil.rmtree(private, ignore_errors=True)
+        rotate_artifacts(runs / "artifacts", keep=KEEP_ARTIFACTS)
     seconds = time.monotonic() - started
     artifact_dir = Path(runner.config.artifact_dir)
     if runner.rc != 0 and not collector.hosts:
@@ -326,6 +329,27 @@ def run_playbook(
         seconds=seconds,
         hostvars=hostvars,
     )
+
+
+def rotate_artifacts(artifacts: Path, keep: int) -> None:
+    """Keep the newest `keep` run directories; one run at a time prunes (an flock), and a
+    directory that vanishes meanwhile is not an error."""
+    import fcntl
+
+    if not artifacts.is_dir():
+        return
+    with open(artifacts / ".rotate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+
+        def age(p: Path) -> float:
+            try:
+                return p.stat().st_mtime
+            except FileNotFoundError:
+                return 0.0
+
+        runs = sorted((p for p in artifacts.iterdir() if p.is_dir()), key=age, reverse=True)
+        for old in runs[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class _EventCollector:
