@@ -415,7 +415,8 @@ class _EventCollector:
 def _is_preflight(data: dict[str, Any]) -> bool:
     """A failure before anything changed: the plan role, or a role's read-only preflight phase."""
     path = str(data.get("task_path") or "").rsplit(":", 1)[0]
-    return data.get("role") == PLAN_ROLE or path.endswith("/tasks/preflight.yml")
+    validation = str(data.get("resolved_action") or data.get("task_action") or "").endswith("validate_argument_spec")
+    return data.get("role") == PLAN_ROLE or path.endswith("/tasks/preflight.yml") or validation
 
 
 def _failure_message(res: dict[str, Any]) -> str:
@@ -425,6 +426,8 @@ def _failure_message(res: dict[str, Any]) -> str:
         msg = f"{msg}: {detail[-1]}" if msg else detail[-1]
     if not msg and res.get("results"):
         msg = "; ".join(_failure_message(r) for r in res["results"] if r.get("failed"))
+    if res.get("argument_errors"):  # a role's argument spec refused an option: name it
+        msg = "invalid role options: " + "; ".join(str(e) for e in res["argument_errors"])
     return msg.splitlines()[0] if msg else "failed"
 
 

@@ -11,6 +11,30 @@ from . import paths
 from .errors import BadInput
 
 
+def option_specs() -> dict[str, dict[str, Any]]:
+    """Every documented option's spec (type, choices, elements), by name."""
+    found: dict[str, dict[str, Any]] = {}
+    for spec in sorted(paths.ROLES.glob("*/meta/argument_specs.yml")):
+        data = yaml.safe_load(spec.read_text()) or {}
+        for entry in (data.get("argument_specs") or {}).values():
+            for name, option in ((entry or {}).get("options") or {}).items():
+                found[name] = option or {}
+    return found
+
+
+def check_choices(key: str, value: Any, spec: dict[str, Any]) -> None:
+    """Refuse a value outside the option's documented choices (a list: each element)."""
+    choices = spec.get("choices")
+    if not choices or value is None:
+        return
+    values = value if spec.get("type") == "list" and isinstance(value, list) else [value]
+    wrong = [v for v in values if v not in choices]
+    if wrong:
+        raise BadInput(
+            f"-e {key}: {', '.join(map(str, wrong))} is not one of {', '.join(map(str, choices))}"
+        )
+
+
 def known_options() -> dict[str, str]:
     """Every option any role documents in meta/argument_specs.yml, with its role's name."""
     found: dict[str, str] = {}
@@ -40,4 +64,7 @@ def parse_extra_vars(pairs: list[str]) -> dict[str, Any]:
             out[key] = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError as exc:
             raise BadInput(f"-e {key}: value {raw!r} is not valid YAML ({exc.problem})") from exc
+    specs = option_specs() if out else {}
+    for key, value in out.items():
+        check_choices(key, value, specs.get(key, {}))
     return out

@@ -106,3 +106,17 @@ def test_unreachable_messages_name_the_fix(msg: str, expected: str):
     assert line.startswith("web1: ")
     assert expected in line.replace("SSH host key changed", "host key changed")
     assert "\n" not in line
+
+
+def test_option_values_outside_their_choices_are_refused():
+    with pytest.raises(BadInput, match=r"-e smoke_workloads: bogus is not one of gemm, triad"):
+        options.parse_extra_vars(["smoke_workloads=[gemm,bogus]"])
+    with pytest.raises(BadInput, match=r"-e smoke_profile: huge is not one of quick, full"):
+        options.parse_extra_vars(["smoke_profile=huge"])
+    assert options.parse_extra_vars(["smoke_workloads=[gemm, hpo]"]) == {"smoke_workloads": ["gemm", "hpo"]}
+
+
+def test_smoke_refuses_bad_options_before_touching_a_host():
+    result = runner.invoke(app, ["smoke", "-e", "smoke_workloads=[nope]"])
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert "smoke_workloads: nope is not one of" in result.output
