@@ -8,4 +8,4 @@ bash install.sh --test
 export PROVISIONER_REQUIRE_LAB=1
 # Two workers (pytest-xdist): the tests sharing one lab server stay together on one of them
 # (tests/conftest.py), the molecule scenarios and the rest fill the other.
-exec .venv/bin/pytest -ra -n 2 --dist loadgroup --durations=25 "$@"
+exec .venv/bin/pytest -ra -n 2 --durations=25 "$@"

@@ -23,13 +23,22 @@ def lab_requirements() -> None:
         pytest.skip(reason)
 
 
-# The files that share the lab server pv-test, and tests/host (it changes live kernel values
-# that lab servers see), run on one worker, in order; everything else (the molecule scenarios,
-# the tests with servers of their own, the unit tests) is spread over the other workers.
+
+# With two workers (scripts/test.sh runs pytest-xdist): the files that share the lab server
+# pv-test and its module fixtures, and tests/host (it changes live kernel values lab servers
+# see), form one unit of work that runs on one worker, in order; every other test (each
+# molecule scenario, the tests with servers of their own, the unit tests) is a unit of its
+# own. (xdist's own xdist_group mark does not take effect with this pytest.)
 SHARED_LAB = ("test_lab.py", "test_storage.py", "test_up.py", "test_host_tuning.py")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name in SHARED_LAB:
-            item.add_marker(pytest.mark.xdist_group("shared-lab"))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedLabScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return "shared-lab" if name in SHARED_LAB else nodeid
+
+    return SharedLabScheduling(config, log)
