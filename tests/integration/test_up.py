@@ -138,7 +138,8 @@ def test_baseline_measures_the_unprovisioned_machine(provisioned):
     assert not [c for c in checks if c.startswith("config.")], "a baseline has no plan to hold the configuration to"
     assert checks["compute.dgemm_all"]["figure"] > 0
     assert "library default" in checks["compute.dgemm_all"]["detail"]
-    assert checks["hpo.parallel"]["figure"] > 0 and "library default" in checks["hpo.parallel"]["reason"]
+    hpo = checks["hpo.parallel"]
+    assert hpo["figure"] and hpo["figure"] > 0 and "library default" in hpo["reason"], hpo
     assert not [c for c in checks if c.startswith("gbdt")]  # not among the chosen workloads
 
 
