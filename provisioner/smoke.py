@@ -19,6 +19,7 @@ the "Physical limits" table of the tuning reference:
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ _RANK = {PASS: 0, INFO: 0, SKIP: 0, WARN: 1, FAIL: 2}
 REGRESSION = 0.15
 # Figures that only illustrate (the oversubscribed run shows what the thread plan saves):
 # neither a regression nor a before -> after gain is read from them.
-ILLUSTRATIONS = frozenset({"hpo.oversubscribed"})
+ILLUSTRATIONS = frozenset({"hpo.oversubscribed", "host.load"})
 
 # (pass at or above, warn at or above; below: fail) for figure / limit.
 GEMM_GRADES = (0.6, 0.3)  # large DGEMM reaches 80-90% of peak; a Haswell kernel on AVX-512 reaches ~40%
@@ -44,6 +45,8 @@ HPO_GRADES = (0.9, 0.7)  # N processes of cores/N threads should at least match 
 PARQUET_GRADES = (0.5, 0.2)
 # Single-row predict: p99 within 2 ms passes (endpoints answer in 1-20 ms), within 10 ms warns.
 LATENCY_P99_US = (2000.0, 10000.0)
+# More than this share of the CPUs busy just before the run: the host was not idle.
+BUSY_SHARE = 0.25
 # Parquet decode with snappy, per core (measured on these machines).
 SNAPPY_DECODE_GBPS_PER_CORE = 1.4
 
@@ -66,6 +69,7 @@ class Check:
     gain: float | None = None  # after / before, >1 is better whichever way the figure points
     previous: float | None = None
     regression: bool = False
+    spread: list[float] | None = None  # lowest and highest of this run's repeats, in the figure's unit
 
 
 @dataclass
@@ -182,7 +186,7 @@ def grade(ratio: float, grades: tuple[float, float]) -> str:
 def evaluate(raw: dict[str, Any]) -> HostReport:
     """Raw figures of one host -> its checks."""
     results = raw.get("results", {})
-    checks: list[Check] = []
+    checks: list[Check] = [load_check(raw)] if raw.get("cpu_busy_before") is not None else []
     if raw.get("mode") == "tuned":
         checks += config_checks(raw)
     # Only the workloads that ran (smoke_workloads may choose some) get checks.
@@ -193,6 +197,9 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
     checks += hpo_checks(raw, results["hpo"]) if "hpo" in results else []
     checks += [parquet_check(raw, results["parquet"])] if "parquet" in results else []
     checks += inference_checks(results["inference"]) if "inference" in results else []
+    spreads = repeat_spreads(results)
+    for c in checks:
+        c.spread = spreads.get(c.id)
     ghz, clock_basis = clock_ghz(raw)
     cpu = raw.get("cpu", {})
     fpc, fpc_basis = fp64_flops_per_cycle(cpu.get("vendor", ""), cpu.get("family", 0), cpu.get("model", 0), cpu.get("flags", []))
@@ -220,6 +227,35 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
     )
 
 
+def repeat_spreads(results: dict[str, Any]) -> dict[str, list[float]]:
+    """Lowest and highest figure over each workload's repeats (the run's own noise)."""
+    out: dict[str, list[float]] = {}
+
+    def span(values: list[float]) -> list[float] | None:
+        return [min(values), max(values)] if len(values) > 1 else None
+
+    gemm = results.get("gemm") or {}
+    for key in ("dgemm_all", "dgemm_one", "sgemm_all", "sgemm_one"):
+        times = (gemm.get(key) or {}).get("times_s") or []
+        if gemm.get("n") and all(times):
+            out[f"compute.{key}"] = span([2 * gemm["n"] ** 3 / t / 1e9 for t in times])
+    triad = results.get("triad") or {}
+    if triad.get("bytes_moved") and all(triad.get("times_s") or [0]):
+        out["memory.triad"] = span([triad["bytes_moved"] / t / 1e9 for t in triad["times_s"]])
+    mlp = results.get("mlp") or {}
+    if mlp.get("step_s") and mlp.get("gflops"):
+        mid = statistics.median(mlp["step_s"])
+        out["torch.mlp"] = span([mlp["gflops"] * mid / t for t in mlp["step_s"]])
+    pq = results.get("parquet") or {}
+    if pq.get("file_bytes") and pq.get("scan_s"):
+        out["data.parquet"] = span([pq["file_bytes"] / t / 1e9 for t in pq["scan_s"]])
+    inf = results.get("inference") or {}
+    for q in ("p50", "p99"):
+        if inf.get(f"{q}_us_each"):
+            out[f"inference.{q}"] = span(inf[f"{q}_us_each"])
+    return {k: v for k, v in out.items() if v}
+
+
 def _problem(check_id: str, group: str, title: str, result: dict[str, Any] | None) -> Check | None:
     """A check for a workload that did not run (skipped, failed, absent), else None."""
     if result is None:
@@ -229,6 +265,18 @@ def _problem(check_id: str, group: str, title: str, result: dict[str, Any] | Non
     if "error" in result:
         return Check(check_id, group, title, FAIL, f"the workload failed: {result['error']}")
     return None
+
+
+def load_check(raw: dict[str, Any]) -> Check:
+    """Whether other work ran on the CPUs: it lowers every figure without anything being wrong."""
+    busy = float(raw["cpu_busy_before"])
+    cpus = int(raw.get("cpu", {}).get("logical_cpus") or 1)
+    status = PASS if busy <= BUSY_SHARE else WARN
+    reason = f"{busy:.0%} of {cpus} CPUs busy in the second before the run"
+    if status == WARN:
+        reason += ": other work was running, so the figures below may be low for reasons outside this host's tuning"
+    return Check("host.load", "host", "idle host", status, reason, busy * 100, "% busy", BUSY_SHARE * 100,
+                 "/proc/stat over one second before the first workload", busy / BUSY_SHARE, higher_is_better=False)
 
 
 def config_checks(raw: dict[str, Any]) -> list[Check]:
@@ -511,7 +559,9 @@ def flag_regressions(report: HostReport, previous: HostReport | None, threshold:
             continue
         c.previous = last[c.id]
         change = _better_ratio(c, last[c.id])
-        if change is not None and change < 1 - threshold:
+        # Within this run's own spread, the last figure is noise, not a change.
+        noise = c.spread is not None and c.spread[0] <= last[c.id] <= c.spread[1]
+        if change is not None and change < 1 - threshold and not noise:
             c.regression = True
             if _RANK[c.status] < _RANK[WARN]:
                 c.status = WARN

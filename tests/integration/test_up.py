@@ -151,7 +151,7 @@ def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
     assert rep["mode"] == "tuned" and rep["profile"] == "quick"
     checks = checks_of(rep)
     assert set(checks) >= {
-        "config.threads.login_shell", "config.threads.systemd_service", "config.thp.enabled", "config.governor",
+        "host.load", "config.threads.login_shell", "config.threads.systemd_service", "config.thp.enabled", "config.governor",
         "config.data_mount", "compute.dgemm_all", "compute.dgemm_one", "compute.sgemm_all", "compute.sgemm_one",
         "memory.triad", "gbdt.xgboost", "gbdt.lightgbm", "gbdt.catboost", "torch.mlp", "hpo.parallel",
         "hpo.oversubscribed", "data.parquet", "inference.p50", "inference.p99",

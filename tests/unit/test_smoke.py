@@ -35,6 +35,12 @@ def tuned(raw):
     return t
 
 
+def slower(gemm: dict, factor: float) -> None:
+    """A GEMM result `factor` as fast: its median and every repeat."""
+    gemm["gflops"] *= factor
+    gemm["times_s"] = [t / factor for t in gemm["times_s"]]
+
+
 def by_id(rep: smoke.HostReport) -> dict[str, smoke.Check]:
     return {c.id: c for c in rep.checks}
 
@@ -170,8 +176,8 @@ def test_torch_threads_must_match_the_plan(tuned):
 def test_a_run_more_than_15_percent_worse_is_a_regression(raw):
     before = smoke.evaluate(raw)
     worse = copy.deepcopy(raw)
-    worse["results"]["gemm"]["dgemm_all"]["gflops"] *= 0.8  # -20%
-    worse["results"]["gemm"]["sgemm_all"]["gflops"] *= 0.9  # -10%: noise, not a regression
+    slower(worse["results"]["gemm"]["dgemm_all"], 0.8)  # -20%
+    slower(worse["results"]["gemm"]["sgemm_all"], 0.9)  # -10%: noise, not a regression
     worse["results"]["inference"]["p99_us"] *= 1.5  # latency: higher is worse
     now = smoke.evaluate(worse)
     smoke.flag_regressions(now, before)
@@ -201,7 +207,7 @@ def test_history_keeps_runs_per_host_and_finds_the_last(raw, tmp_path, monkeypat
     assert first.previous_started is None
     second_raw = copy.deepcopy(raw)
     second_raw["started"] = "2026-11-30T20:00:00Z"
-    second_raw["results"]["gemm"]["dgemm_all"]["gflops"] *= 0.5
+    slower(second_raw["results"]["gemm"]["dgemm_all"], 0.5)
     second = smoke.judge("h1", second_raw)
     assert second.previous_started == raw["started"]
     assert by_id(second)["compute.dgemm_all"].regression
@@ -279,3 +285,34 @@ def test_html_report_renders_in_a_headless_browser(raw, tuned, tmp_path):
     assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 50_000  # a page with content, not a blank one
+
+
+def test_a_busy_host_is_said_to_be_busy(raw):
+    raw["cpu_busy_before"] = 0.05
+    idle = by_id(smoke.evaluate(raw))["host.load"]
+    assert idle.status == smoke.PASS and idle.figure == pytest.approx(5.0)
+    raw["cpu_busy_before"] = 0.8
+    busy = by_id(smoke.evaluate(raw))["host.load"]
+    assert busy.status == smoke.WARN and "other work was running" in busy.reason
+    before = smoke.evaluate(raw)
+    raw["cpu_busy_before"] = 0.01
+    now = smoke.evaluate(raw)
+    smoke.flag_regressions(now, before)
+    smoke.attach_baseline(now, before)
+    assert not by_id(now)["host.load"].regression and by_id(now)["host.load"].gain is None
+
+
+def test_a_drop_within_the_runs_own_spread_is_noise_not_a_regression(raw):
+    inf = raw["results"]["inference"]
+    inf["p99_us_each"] = [250.0, 280.0, 300.0, 420.0, 330.0]
+    inf["p99_us"] = 300.0
+    last = smoke.evaluate(raw)
+    by_id(last)["inference.p99"].figure = 255.0  # the last run's p99, inside this run's 250-420
+    now = smoke.evaluate(raw)
+    assert by_id(now)["inference.p99"].spread == [250.0, 420.0]
+    smoke.flag_regressions(now, last)
+    assert not by_id(now)["inference.p99"].regression
+    by_id(last)["inference.p99"].figure = 200.0  # below anything this run measured: a regression
+    now = smoke.evaluate(raw)
+    smoke.flag_regressions(now, last)
+    assert by_id(now)["inference.p99"].regression

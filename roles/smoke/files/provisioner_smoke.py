@@ -124,6 +124,20 @@ def cpu_info() -> dict[str, Any]:
     }
 
 
+def _cpu_times() -> tuple[int, int]:
+    fields = [int(v) for v in (read("/proc/stat", "") or "cpu 0 0 0 0").splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]), idle
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Share of all CPUs busy over `seconds` (another workload, a package install, a build)."""
+    total0, idle0 = _cpu_times()
+    time.sleep(seconds)
+    total1, idle1 = _cpu_times()
+    return max(0.0, 1 - (idle1 - idle0) / max(1, total1 - total0))
+
+
 def current_mhz() -> float | None:
     """The average clock of the usable CPUs now: cpufreq where it exists, else /proc/cpuinfo."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -329,6 +343,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trials": trials,
         "data_dir": data_dir,
         "data_dir_requested": args.data_dir,
+        # Other work on the CPUs lowers every figure: how busy they were just before says whether there was any.
+        "cpu_busy_before": cpu_busy(),
         "config": configuration(args.user if args.mode == "tuned" else None, data_dir),
         "results": {},
     }
