@@ -184,9 +184,7 @@ def up(
         if verified is not None:
             render.verify_summary(verified)
         if smoked is not None:
-            if smoked.run.exit_code != ExitCode.OK:
-                render.run_summary(smoked.run)
-            render.smoke(smoked.reports, smoked.html)
+            render.smoke_run(smoked)
     raise typer.Exit(int(code))
 
 
@@ -269,9 +267,7 @@ def smoke(
     if json:
         render.print_json(result.to_dict())
     else:
-        if result.run.exit_code != ExitCode.OK:
-            render.run_summary(result.run)
-        render.smoke(result.reports, result.html)
+        render.smoke_run(result)
     raise typer.Exit(result.exit_code)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -11,15 +11,18 @@ from . import paths
 from .errors import BadInput
 
 
-def option_specs() -> dict[str, dict[str, Any]]:
-    """Every documented option's spec (type, choices, elements), by name."""
-    found: dict[str, dict[str, Any]] = {}
+def _documented() -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(role, option, spec) for every option a role documents in meta/argument_specs.yml."""
     for spec in sorted(paths.ROLES.glob("*/meta/argument_specs.yml")):
         data = yaml.safe_load(spec.read_text()) or {}
         for entry in (data.get("argument_specs") or {}).values():
             for name, option in ((entry or {}).get("options") or {}).items():
-                found[name] = option or {}
-    return found
+                yield spec.parent.parent.name, name, option or {}
+
+
+def option_specs() -> dict[str, dict[str, Any]]:
+    """Every documented option's spec (type, choices, elements), by name."""
+    return {name: option for _, name, option in _documented()}
 
 
 def check_choices(key: str, value: Any, spec: dict[str, Any]) -> None:
@@ -37,14 +40,7 @@ def check_choices(key: str, value: Any, spec: dict[str, Any]) -> None:
 
 def known_options() -> dict[str, str]:
     """Every option any role documents in meta/argument_specs.yml, with its role's name."""
-    found: dict[str, str] = {}
-    for spec in sorted(paths.ROLES.glob("*/meta/argument_specs.yml")):
-        role = spec.parent.parent.name
-        data = yaml.safe_load(spec.read_text()) or {}
-        for entry in (data.get("argument_specs") or {}).values():
-            for name in (entry or {}).get("options") or {}:
-                found[name] = role
-    return found
+    return {name: role for role, name, _ in _documented()}
 
 
 def parse_extra_vars(pairs: list[str]) -> dict[str, Any]:

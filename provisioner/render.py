@@ -237,14 +237,17 @@ def bundle(result: Any) -> None:
 _SMOKE_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim", "info": "cyan"}
 
 
-def _num(value: float | None) -> str:
-    if value is None:
-        return ""
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.3g}"
+def smoke_run(result: Any) -> None:
+    """A smoke run: the playbook's summary when it failed, then the hosts' tables."""
+    if result.run.exit_code != 0:
+        run_summary(result.run)
+    smoke(result.reports, result.html)
 
 
 def smoke(reports: list[Any], html: Any = None) -> None:
     """One table per host: figure, limit, ratio, before/after, status and reason."""
+    from .smoke import number
+
     for r in reports:
         hw = r.hardware
         title = (f"{r.host}: smoke {r.profile} ({r.mode}) — {hw.get('cpu')}, {hw.get('physical_cores')} cores, "
@@ -254,10 +257,10 @@ def smoke(reports: list[Any], html: Any = None) -> None:
                           ("before", "right"), ("status", "left"), ("reason", "left")):
             table.add_column(col, justify=just, overflow="fold")
         for c in r.checks:
-            figure = f"{_num(c.figure)} {c.unit}".strip()
-            before = f"{_num(c.baseline)} ({c.gain:.2f}x)" if c.baseline is not None and c.gain else ""
+            figure = f"{number(c.figure)} {c.unit}".strip()
+            before = f"{number(c.baseline)} ({c.gain:.2f}x)" if c.baseline is not None and c.gain else ""
             table.add_row(
-                Text(c.title), Text(figure), Text(_num(c.limit)), Text(f"{c.ratio:.2f}" if c.ratio is not None else ""),
+                Text(c.title), Text(figure), Text(number(c.limit)), Text(f"{c.ratio:.2f}" if c.ratio is not None else ""),
                 Text(before), Text(c.status + (" ↓" if c.regression else ""), style=_SMOKE_STYLE.get(c.status, "")),
                 Text(c.reason),
             )

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import html
 import time
 from pathlib import Path
-from typing import Any
-
 import jinja2
 
-from .smoke import HostReport
+from .smoke import HostReport, number
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 COLORS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "skip": "#9e9e9e", "info": "#1565c0"}
@@ -50,11 +47,10 @@ def before_after(before: float | None, after: float | None, gain: float | None, 
 def render_html(reports: list[HostReport]) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined)
     env.globals.update(ratio_bar=ratio_bar, before_after=before_after, colors=COLORS)
-    env.filters["num"] = lambda v: "" if v is None else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.3g}")
+    env.filters["num"] = number
     return env.get_template("report.html.j2").render(
         reports=[r.to_dict() for r in reports],
         generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        escape=html.escape,
     )
 
 
@@ -62,7 +58,3 @@ def write_html(reports: list[HostReport], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(reports), encoding="utf-8")
     return path
-
-
-def summary(reports: list[HostReport]) -> dict[str, Any]:
-    return {r.host: r.status for r in reports}

@@ -175,6 +175,13 @@ def dram_gbps(memory: dict[str, Any]) -> tuple[float | None, str]:
     return gbps, f"{len(dimms)} DIMMs x 8 B x {mts} MT/s (configured), one DIMM per channel assumed"
 
 
+def number(value: float | None) -> str:
+    """A figure as people read it: whole numbers from 100 up, else three significant digits."""
+    if value is None:
+        return ""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.3g}"
+
+
 def grade(ratio: float, grades: tuple[float, float]) -> str:
     ok, warn = grades
     return PASS if ratio >= ok else WARN if ratio >= warn else FAIL
@@ -256,10 +263,8 @@ def repeat_spreads(results: dict[str, Any]) -> dict[str, list[float]]:
     return {k: v for k, v in out.items() if v}
 
 
-def _problem(check_id: str, group: str, title: str, result: dict[str, Any] | None) -> Check | None:
-    """A check for a workload that did not run (skipped, failed, absent), else None."""
-    if result is None:
-        return Check(check_id, group, title, SKIP, "not run (not among the chosen workloads)")
+def _problem(check_id: str, group: str, title: str, result: dict[str, Any]) -> Check | None:
+    """A check for a workload that could not run (skipped) or failed, else None."""
     if "skipped" in result:
         return Check(check_id, group, title, SKIP, result["skipped"])
     if "error" in result:
@@ -334,12 +339,11 @@ def config_checks(raw: dict[str, Any]) -> list[Check]:
     return out
 
 
-def gemm_checks(raw: dict[str, Any], gemm: dict[str, Any] | None) -> list[Check]:
+def gemm_checks(raw: dict[str, Any], gemm: dict[str, Any]) -> list[Check]:
     titles = {"dgemm_all": "DGEMM, all cores", "dgemm_one": "DGEMM, one core", "sgemm_all": "SGEMM, all cores", "sgemm_one": "SGEMM, one core"}
     problem = _problem("compute.gemm", "compute", "GEMM", gemm)
     if problem:
         return [problem]
-    assert gemm is not None
     cpu = raw.get("cpu", {})
     fpc, fpc_basis = fp64_flops_per_cycle(cpu.get("vendor", ""), cpu.get("family", 0), cpu.get("model", 0), cpu.get("flags", []))
     ghz, clock_basis = clock_ghz(raw)
@@ -370,12 +374,11 @@ def gemm_checks(raw: dict[str, Any], gemm: dict[str, Any] | None) -> list[Check]
     return out
 
 
-def triad_check(raw: dict[str, Any], triad: dict[str, Any] | None) -> Check:
+def triad_check(raw: dict[str, Any], triad: dict[str, Any]) -> Check:
     title = "memory bandwidth (STREAM triad)"
     problem = _problem("memory.triad", "memory", title, triad)
     if problem:
         return problem
-    assert triad is not None
     fig = triad["gbps"]
     detail = f"{triad.get('how')}, n={triad.get('n')}, median of {len(triad.get('times_s', []))}, threads {triad.get('threads')}"
     limit, basis = dram_gbps(raw.get("memory", {}))
@@ -389,11 +392,10 @@ def triad_check(raw: dict[str, Any], triad: dict[str, Any] | None) -> Check:
     return Check("memory.triad", "memory", title, status, reason, fig, "GB/s", limit, basis, ratio, detail=detail)
 
 
-def gbdt_checks(raw: dict[str, Any], gbdt: dict[str, Any] | None) -> list[Check]:
+def gbdt_checks(raw: dict[str, Any], gbdt: dict[str, Any]) -> list[Check]:
     problem = _problem("gbdt", "gradient boosting", "gradient boosting", gbdt)
     if problem:
         return [problem]
-    assert gbdt is not None
     out = []
     for lib in ("xgboost", "lightgbm", "catboost"):
         res = gbdt.get(lib)
@@ -402,7 +404,6 @@ def gbdt_checks(raw: dict[str, Any], gbdt: dict[str, Any] | None) -> list[Check]
         if problem:
             out.append(problem)
             continue
-        assert res is not None
         allc, one = res["all"], res["one"]
         cores = int(raw.get("threads") or 1)
         fig = allc["row_trees_per_s"] / 1e6
@@ -423,12 +424,11 @@ def gbdt_checks(raw: dict[str, Any], gbdt: dict[str, Any] | None) -> list[Check]
     return out
 
 
-def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any] | None) -> list[Check]:
+def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any]) -> list[Check]:
     title = "PyTorch MLP training step"
     problem = _problem("torch.mlp", "pytorch", title, mlp)
     if problem:
         return [problem]
-    assert mlp is not None
     fig, limit = mlp["gflops"], mlp["sgemm_gflops"]
     ratio = fig / limit
     status = grade(ratio, MLP_GRADES)
@@ -446,11 +446,10 @@ def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any] | None) -> list[Check]:
     return [Check("torch.mlp", "pytorch", title, status, "; ".join(reasons), fig, "GFLOPS", limit, basis, ratio, detail=detail)]
 
 
-def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any] | None) -> list[Check]:
+def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any]) -> list[Check]:
     problem = _problem("hpo.parallel", "hyperparameter search", "parallel trials", hpo)
     if problem:
         return [problem]
-    assert hpo is not None
     runs = hpo["runs"]
     detail = (f"{hpo['trials']} {hpo['library']} trials ({hpo['rows']:,} rows, {hpo['trees']} trees) per run, one run each, "
               f"{hpo['sampler']}")
@@ -481,12 +480,11 @@ def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any] | None) -> list[Check]:
     return out
 
 
-def parquet_check(raw: dict[str, Any], pq: dict[str, Any] | None) -> Check:
+def parquet_check(raw: dict[str, Any], pq: dict[str, Any]) -> Check:
     title = "Parquet scan from the data mount"
     problem = _problem("data.parquet", "data", title, pq)
     if problem:
         return problem
-    assert pq is not None
     threads = int(pq.get("scan_threads") or raw.get("threads") or 1)
     if pq.get("in_memory_gbps"):
         decode, how = pq["in_memory_gbps"], "the same file decoded from memory"
@@ -507,12 +505,11 @@ def parquet_check(raw: dict[str, Any], pq: dict[str, Any] | None) -> Check:
     return Check("data.parquet", "data", title, status, reason, pq["scan_gbps"], "GB/s", limit, basis, ratio, detail=detail)
 
 
-def inference_checks(inf: dict[str, Any] | None) -> list[Check]:
+def inference_checks(inf: dict[str, Any]) -> list[Check]:
     title = "single-row predict latency"
     problem = _problem("inference.p99", "inference", title, inf)
     if problem:
         return [problem]
-    assert inf is not None
     detail = (f"{inf['library']}, {inf['trees']} trees depth {inf['depth']}, median of {inf.get('repeats', 1)} x "
               f"{inf['calls']} calls, threads {inf['threads']}")
     ok, warn = LATENCY_P99_US
@@ -585,14 +582,8 @@ def save(report: HostReport) -> Path:
 
 
 def latest(host: str, mode: str, profile: str | None = None) -> HostReport | None:
-    """The host's last kept run of this mode (and profile, else any profile)."""
-    d = history_dir(host)
-    if not d.is_dir():
-        return None
-    pattern = f"*-{mode}-{profile}.json" if profile else f"*-{mode}-*.json"
-    files = sorted(d.glob(pattern))
-    if not files and profile:
-        return latest(host, mode, None)
+    """The host's last kept run of this mode and profile (None: any profile)."""
+    files = sorted(history_dir(host).glob(f"*-{mode}-{profile or '*'}.json"))
     return HostReport.from_dict(json.loads(files[-1].read_text())) if files else None
 
 
@@ -600,17 +591,12 @@ def judge(host: str, raw: dict[str, Any], keep: bool = True) -> HostReport:
     """Evaluate a host's raw figures against its limits, its baseline and its last run; keep it."""
     report = evaluate(raw)
     report.host = host
-    if report.mode == "tuned":
-        attach_baseline(report, latest(host, "baseline", report.profile))
-    flag_regressions(report, latest(host, report.mode, report.profile) if _has_exact(host, report) else None)
+    if report.mode == "tuned":  # the baseline of the same profile, else of any
+        attach_baseline(report, latest(host, "baseline", report.profile) or latest(host, "baseline"))
+    flag_regressions(report, latest(host, report.mode, report.profile))
     if keep:
         save(report)
     return report
-
-
-def _has_exact(host: str, report: HostReport) -> bool:
-    d = history_dir(host)
-    return d.is_dir() and any(d.glob(f"*-{report.mode}-{report.profile}.json"))
 
 
 # ---------------------------------------------------------------- running it

@@ -23,7 +23,6 @@ def lab_requirements() -> None:
         pytest.skip(reason)
 
 
-
 # With two workers (scripts/test.sh runs pytest-xdist): the files that share the lab server
 # pv-test and its module fixtures, and tests/host (it changes live kernel values lab servers
 # see), form one unit of work that runs on one worker, in order; every other test (each

@@ -50,4 +50,3 @@ def fresh_lab_server(lab_requirements: None) -> Iterator[Callable[..., lab.LabSe
                 errors.append(str(exc))
         if errors:
             raise lab.LabError("; ".join(errors))
-

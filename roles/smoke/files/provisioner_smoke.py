@@ -23,12 +23,12 @@ skipped with the reason; an error in one does not stop the others.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import platform
 import pwd
 import re
+import shlex
 import shutil
 import socket
 import statistics
@@ -296,8 +296,7 @@ class Runner:
                   "trials": self.trials, "workdir": self.workdir, **extra}
         cmd = [self.args.python, self.script, "worker", json.dumps(params)]
         if self.args.mode == "tuned":
-            quoted = " ".join("'" + c.replace("'", "'\\''") + "'" for c in cmd)
-            argv = ["runuser", "-l", self.args.user, "-c", quoted]
+            argv = ["runuser", "-l", self.args.user, "-c", shlex.join(cmd)]
         else:
             argv = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={self.workdir}", "LANG=C.UTF-8", *cmd]
         try:
