@@ -26,7 +26,9 @@ KNOBS = {
     "thp_enabled": Path("/sys/kernel/mm/transparent_hugepage/enabled"),
     "thp_defrag": Path("/sys/kernel/mm/transparent_hugepage/defrag"),
 }
-ROLES = "plan,common,cpu_tuning,hugepages,thread_env"
+# mlstack too: on the local connection its tasks run as the ML user, who cannot run the
+# control node's own Python (the README's first command goes this way).
+ROLES = "plan,common,cpu_tuning,hugepages,thread_env,mlstack"
 # Values that differ from any kernel default, so a live change is visible.
 OPTIONS = ["-e", "plan_hugepages_size=2M", "-e", "plan_hugepages_count=16", "-e", "plan_thp=always"]
 
@@ -65,8 +67,15 @@ def before():
 
 
 @pytest.fixture(scope="module")
-def applied(before):
-    r = cli("up", "--tags", ROLES, *OPTIONS, "--json")
+def wheelhouse() -> list[str]:
+    from provisioner import bundle
+
+    return ["-e", f"mlstack_wheelhouse={bundle.build_wheelhouse(bundle.default_wheelhouse(), ['core', 'gbdt']).path}"]
+
+
+@pytest.fixture(scope="module")
+def applied(before, wheelhouse):
+    r = cli("up", "--tags", ROLES, *OPTIONS, *wheelhouse, "--json")
     assert r.returncode == ExitCode.OK, r.stdout[-4000:] + r.stderr
     return json.loads(r.stdout)
 
@@ -97,10 +106,24 @@ def test_services_get_the_plans_threads(applied):
     assert "DefaultEnvironment=" in text and f"OMP_NUM_THREADS={threads}" in text
 
 
-def test_second_run_changes_nothing(applied):
-    r = cli("up", "--tags", ROLES, *OPTIONS, "--json", "--no-verify")
+def test_second_run_changes_nothing(applied, wheelhouse):
+    r = cli("up", "--tags", ROLES, *OPTIONS, *wheelhouse, "--json", "--no-verify")
     assert r.returncode == ExitCode.OK, r.stderr
     assert json.loads(r.stdout)["hosts"]["localhost"]["changed"] == 0
+
+
+def test_ml_environment_belongs_to_the_ml_user(applied):
+    python = Path("/opt/mlstack/bin/python")
+    assert python.exists() and Path("/opt/mlstack").owner() == "ml"
+    r = subprocess.run(["su", "-", "ml", "-c", f"{python} -c 'import numpy, xgboost'"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_check_run_after_converging_reports_nothing(applied, wheelhouse):
+    r = cli("up", "--tags", ROLES, *OPTIONS, *wheelhouse, "--check", "--json", "--no-verify")
+    assert r.returncode == ExitCode.OK, r.stderr
+    out = json.loads(r.stdout)
+    assert out["hosts"]["localhost"]["changed"] == 0, [c["task"] for c in out["changes"]]
 
 
 def test_undo_restores_every_value_and_is_harmless_twice(applied, before):
