@@ -252,9 +252,7 @@ def parse_lock(text: str, where: str = "mlstack.lock") -> Lock:
             pin = Pin.parse(text_pin, f"{where}, component {component}: ")
             seen = versions.get(pin.name)
             if seen and not _same_version(seen[0], pin.version):
-                raise BadInput(
-                    f"{where} pins {pin.name} twice: {pin.name}=={seen[0]} ({seen[1]}) and {pin} ({component})"
-                )
+                raise BadInput(f"{where} pins {pin.name} twice: {pin.name}=={seen[0]} ({seen[1]}) and {pin} ({component})")
             versions.setdefault(pin.name, (pin.version, str(component)))
             parsed.append(pin)
         components[str(component)] = parsed
@@ -275,7 +273,9 @@ def load_lock(path: Path | str = DEFAULT_LOCK) -> Lock:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise BadInput(f"cannot read the lock {path}: {exc.strerror}; regenerate it with `python -m provisioner.bundle lock`") from exc
+        raise BadInput(
+            f"cannot read the lock {path}: {exc.strerror}; regenerate it with `python -m provisioner.bundle lock`"
+        ) from exc
     return parse_lock(text, str(path))
 
 
@@ -295,9 +295,7 @@ def select_pins(lock: Lock, components: Iterable[str]) -> list[Pin]:
     chosen = select_components(components, known=list(dict.fromkeys([*COMPONENTS, *lock.components])))
     missing = [c for c in chosen if c not in lock.components]
     if missing:
-        raise BadInput(
-            f"the lock has no component {', '.join(missing)}; it has {', '.join(lock.components)}: regenerate it"
-        )
+        raise BadInput(f"the lock has no component {', '.join(missing)}; it has {', '.join(lock.components)}: regenerate it")
     out: dict[str, Pin] = {}
     for component in chosen:
         for pin in lock.components[component]:
@@ -392,10 +390,7 @@ def closures(
 
 
 def _marker_true(marker: Marker, environment: Mapping[str, str], extras: frozenset[str]) -> bool:
-    for extra in extras or {""}:
-        if marker.evaluate({**environment, "extra": extra}):
-            return True
-    return False
+    return any(marker.evaluate({**environment, "extra": extra}) for extra in extras or {""})
 
 
 def render_lock(lock: Lock) -> str:
@@ -431,8 +426,7 @@ def missing_package(pip_output: str) -> str | None:
 
 def _pip_target_args(python_version: str, platforms: Sequence[str]) -> list[str]:
     major, minor = python_version.split(".")[:2]
-    args = ["--only-binary=:all:", "--python-version", f"{major}.{minor}", "--implementation", "cp",
-            "--abi", f"cp{major}{minor}"]
+    args = ["--only-binary=:all:", "--python-version", f"{major}.{minor}", "--implementation", "cp", "--abi", f"cp{major}{minor}"]
     for plat in platforms:
         args += ["--platform", plat]
     return args
@@ -515,8 +509,16 @@ def build_wheelhouse(
                 req.write("".join(f"{p}\n" for p in group))
                 req.flush()
                 r = _run_pip(
-                    ["download", "--no-deps", "--dest", str(dest), *_pip_target_args(python_version, plats),
-                     *index_args, "-r", req.name],
+                    [
+                        "download",
+                        "--no-deps",
+                        "--dest",
+                        str(dest),
+                        *_pip_target_args(python_version, plats),
+                        *index_args,
+                        "-r",
+                        req.name,
+                    ],
                     "download the wheelhouse",
                     timeout,
                 )
@@ -524,9 +526,7 @@ def build_wheelhouse(
                 output = r.stdout + r.stderr
                 name = missing_package(output)
                 if name:
-                    raise BadInput(
-                        f"pip found no wheel for {name} (CPython {python_version}, {plats[0]} or older): {fix}"
-                    )
+                    raise BadInput(f"pip found no wheel for {name} (CPython {python_version}, {plats[0]} or older): {fix}")
                 tail = "; ".join(ln.strip() for ln in output.strip().splitlines()[-3:])
                 raise ProvisionerError(f"pip download failed ({r.returncode}) for the wheelhouse {dest}: {tail}")
         after = validate_wheelhouse(dest, pins, python_version=python_version, platforms=plats)
@@ -576,8 +576,10 @@ def generate_lock(
     """
     running = f"{sys.version_info.major}.{sys.version_info.minor}"
     if running != python_version:
-        raise BadInput(f"generate the lock for Python {python_version} with Python {python_version} (this is {running}): "
-                       "pip evaluates markers for the running interpreter")
+        raise BadInput(
+            f"generate the lock for Python {python_version} with Python {python_version} (this is {running}): "
+            "pip evaluates markers for the running interpreter"
+        )
     if requirements is None:
         existing = Path(output) if output else None
         requirements = load_lock(existing).requirements if existing and existing.exists() else DEFAULT_REQUIREMENTS
@@ -591,9 +593,20 @@ def generate_lock(
         req_file.write_text("".join(f"{r}\n" for r in all_reqs))
         report_file = Path(tmp) / "report.json"
         r = _run_pip(
-            ["install", "--dry-run", "--ignore-installed", "--quiet", "--target", str(Path(tmp) / "target"),
-             "--report", str(report_file), *_pip_target_args(python_version, plats),
-             *_index_args(index_url, extra), "-r", str(req_file)],
+            [
+                "install",
+                "--dry-run",
+                "--ignore-installed",
+                "--quiet",
+                "--target",
+                str(Path(tmp) / "target"),
+                "--report",
+                str(report_file),
+                *_pip_target_args(python_version, plats),
+                *_index_args(index_url, extra),
+                "-r",
+                str(req_file),
+            ],
             "resolve the lock",
             timeout,
         )
@@ -651,16 +664,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "lock":
             lock = generate_lock(
-                args.output, python_version=args.python_version, glibc=args.glibc,
-                index_url=args.index_url, extra_index_urls=args.extra_index_url, torch_index_url=args.torch_index_url,
+                args.output,
+                python_version=args.python_version,
+                glibc=args.glibc,
+                index_url=args.index_url,
+                extra_index_urls=args.extra_index_url,
+                torch_index_url=args.torch_index_url,
             )
             print(json.dumps({c: len(p) for c, p in lock.components.items()}))
         else:
             result = build_wheelhouse(
-                args.dest or default_wheelhouse(), args.component or ["core", "gbdt"], lock_path=args.lock,
+                args.dest or default_wheelhouse(),
+                args.component or ["core", "gbdt"],
+                lock_path=args.lock,
                 python_version=args.python_version,
                 platforms=manylinux_platforms(args.glibc) if args.glibc else None,
-                index_url=args.index_url, extra_index_urls=args.extra_index_url, torch_index_url=args.torch_index_url,
+                index_url=args.index_url,
+                extra_index_urls=args.extra_index_url,
+                torch_index_url=args.torch_index_url,
             )
             print(json.dumps(result.to_dict(), indent=1))
     except ProvisionerError as exc:

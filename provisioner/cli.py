@@ -7,8 +7,9 @@ any host was touched; 3 a host was unreachable (network, SSH login or host key);
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.text import Text
@@ -26,17 +27,20 @@ lab_app = typer.Typer(help="Disposable Debian 12 servers on this machine, for tr
 app.add_typer(lab_app, name="lab")
 
 Inventory = Annotated[
-    Optional[Path], typer.Option("-i", "--inventory", help="Ansible inventory file or directory [default: this machine]")
+    Path | None, typer.Option("-i", "--inventory", help="Ansible inventory file or directory [default: this machine]")
 ]
-Limit = Annotated[Optional[str], typer.Option("--limit", "-l", help="Only these hosts or groups (Ansible pattern).")]
+Limit = Annotated[str | None, typer.Option("--limit", "-l", help="Only these hosts or groups (Ansible pattern).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
 ExtraVars = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("-e", "--extra-vars", help="Set a role or plan option, KEY=VALUE (YAML value); repeatable."),
 ]
 AcceptNew = Annotated[
     bool,
-    typer.Option("--accept-new-host-keys", help="Trust the SSH host key of a host seen for the first time (a changed key is still refused)."),
+    typer.Option(
+        "--accept-new-host-keys",
+        help="Trust the SSH host key of a host seen for the first time (a changed key is still refused).",
+    ),
 ]
 
 
@@ -61,9 +65,9 @@ def _fail(exc: ProvisionerError) -> typer.Exit:
 def _show_facts(
     fact: str,
     show: Callable[[dict[str, Any]], None],
-    inventory: Optional[Path],
-    limit: Optional[str],
-    extra: Optional[list[str]],
+    inventory: Path | None,
+    limit: str | None,
+    extra: list[str] | None,
     json: bool,
     accept_new: bool,
 ) -> None:
@@ -104,8 +108,12 @@ def plan(
 def up(
     inventory: Inventory = None,
     limit: Limit = None,
-    tags: Annotated[Optional[list[str]], typer.Option("--tags", "-t", help="Only roles/phases with these tags; repeatable.")] = None,
-    skip_tags: Annotated[Optional[list[str]], typer.Option("--skip-tags", help="Skip roles/phases with these tags; repeatable.")] = None,
+    tags: Annotated[
+        list[str] | None, typer.Option("--tags", "-t", help="Only roles/phases with these tags; repeatable.")
+    ] = None,
+    skip_tags: Annotated[
+        list[str] | None, typer.Option("--skip-tags", help="Skip roles/phases with these tags; repeatable.")
+    ] = None,
     check: Annotated[bool, typer.Option("--check", help="Show what would change, with diffs; change nothing.")] = False,
     extra_vars: ExtraVars = None,
     reboot: Annotated[
@@ -114,7 +122,10 @@ def up(
     ] = False,
     verify_after: Annotated[bool, typer.Option("--verify/--no-verify", help="Run the testinfra checks after applying.")] = True,
     smoke_after: Annotated[
-        bool, typer.Option("--smoke/--no-smoke", help="Last step of a full run (no --tags): the quick workload smoke test (provisioner smoke).")
+        bool,
+        typer.Option(
+            "--smoke/--no-smoke", help="Last step of a full run (no --tags): the quick workload smoke test (provisioner smoke)."
+        ),
     ] = True,
     json: Json = False,
     verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log.")] = 0,
@@ -157,8 +168,9 @@ def up(
             from .smoke import measure
 
             with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
-                smoked = measure(inv, limit=limit, extravars=extravars, accept_new_host_keys=accept_new_host_keys,
-                                 on_progress=progress)
+                smoked = measure(
+                    inv, limit=limit, extravars=extravars, accept_new_host_keys=accept_new_host_keys, on_progress=progress
+                )
     except ProvisionerError as exc:
         raise _fail(exc) from exc
     code = next(
@@ -236,13 +248,20 @@ def smoke(
     inventory: Inventory = None,
     limit: Limit = None,
     full: Annotated[
-        bool, typer.Option("--full/--quick", help="Workload sizes: quick (about 90 s on 2 cores) or full (the scale of real jobs).")
+        bool,
+        typer.Option("--full/--quick", help="Workload sizes: quick (about 90 s on 2 cores) or full (the scale of real jobs)."),
     ] = False,
     baseline: Annotated[
         bool,
-        typer.Option("--baseline", help="Measure the machine as before provisioning: a stock pip stack in a throwaway venv, no thread settings."),
+        typer.Option(
+            "--baseline",
+            help="Measure the machine as before provisioning: a stock pip stack in a throwaway venv, no thread settings.",
+        ),
     ] = False,
-    html: Annotated[Optional[Path], typer.Option("--html", help="Write the HTML report here [default: /var/lib/provisioner/smoke/report.html].")] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="Write the HTML report here [default: /var/lib/provisioner/smoke/report.html]."),
+    ] = None,
     extra_vars: ExtraVars = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
@@ -258,9 +277,14 @@ def smoke(
         inv = engine.resolve_inventory(inventory)
         with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
             result = measure(
-                inv, limit=limit, profile="full" if full else "quick", baseline=baseline,
-                extravars=options.parse_extra_vars(extra_vars or []), accept_new_host_keys=accept_new_host_keys,
-                on_progress=progress, html=html,
+                inv,
+                limit=limit,
+                profile="full" if full else "quick",
+                baseline=baseline,
+                extravars=options.parse_extra_vars(extra_vars or []),
+                accept_new_host_keys=accept_new_host_keys,
+                on_progress=progress,
+                html=html,
             )
     except ProvisionerError as exc:
         raise _fail(exc) from exc
@@ -273,13 +297,18 @@ def smoke(
 
 @app.command()
 def bundle(
-    dest: Annotated[Optional[Path], typer.Argument(help="Wheelhouse directory [default: /var/cache/provisioner/wheelhouse]")] = None,
-    component: Annotated[
-        Optional[list[str]], typer.Option("-c", "--component", help="core, gbdt, torch, hpo, distributed, serving, notebook, sklearnex; repeatable.")
+    dest: Annotated[
+        Path | None, typer.Argument(help="Wheelhouse directory [default: /var/cache/provisioner/wheelhouse]")
     ] = None,
-    glibc: Annotated[Optional[str], typer.Option("--glibc", help="Oldest glibc of the targets (manylinux tag) [default: the lock's].")] = None,
-    index_url: Annotated[Optional[str], typer.Option("--index-url", help="Package index to download from.")] = None,
-    torch_index_url: Annotated[Optional[str], typer.Option("--torch-index-url", help="Index for the PyTorch CPU wheels.")] = None,
+    component: Annotated[
+        list[str] | None,
+        typer.Option("-c", "--component", help="core, gbdt, torch, hpo, distributed, serving, notebook, sklearnex; repeatable."),
+    ] = None,
+    glibc: Annotated[
+        str | None, typer.Option("--glibc", help="Oldest glibc of the targets (manylinux tag) [default: the lock's].")
+    ] = None,
+    index_url: Annotated[str | None, typer.Option("--index-url", help="Package index to download from.")] = None,
+    torch_index_url: Annotated[str | None, typer.Option("--torch-index-url", help="Index for the PyTorch CPU wheels.")] = None,
     json: Json = False,
 ) -> None:
     """Build a wheelhouse of the pinned ML stack for offline installs (mlstack_wheelhouse=DIR)."""
@@ -301,14 +330,16 @@ def bundle(
         render.bundle(result)
 
 
-def _split(values: Optional[list[str]]) -> list[str]:
+def _split(values: list[str] | None) -> list[str]:
     return [t.strip() for v in values or [] for t in v.split(",") if t.strip()]
 
 
 @lab_app.command("up")
 def lab_up(
     name: Annotated[str, typer.Argument(help="Server name: lowercase letters, digits, dashes.")],
-    device: Annotated[Optional[list[str]], typer.Option("--device", help="Block device to pass into the server; repeatable.")] = None,
+    device: Annotated[
+        list[str] | None, typer.Option("--device", help="Block device to pass into the server; repeatable.")
+    ] = None,
     json: Json = False,
 ) -> None:
     """Boot a disposable Debian 12 server (systemd-nspawn) and print how to reach it."""

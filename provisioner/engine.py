@@ -13,9 +13,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 
@@ -93,9 +94,7 @@ class RunResult:
     def exit_code(self) -> ExitCode:
         if any(h.unreachable for h in self.hosts.values()):
             return ExitCode.UNREACHABLE
-        if any(h.status == "refused" for h in self.hosts.values()) and not any(
-            h.status == "failed" for h in self.hosts.values()
-        ):
+        if any(h.status == "refused" for h in self.hosts.values()) and not any(h.status == "failed" for h in self.hosts.values()):
             return ExitCode.BAD_INPUT
         if any(h.failed for h in self.hosts.values()) or self.rc != 0:
             return ExitCode.HOST_FAILED
@@ -125,8 +124,7 @@ def resolve_inventory(inventory: str | Path | None) -> Path:
     path = Path(inventory) if inventory else paths.LOCAL_INVENTORY
     if not path.exists():
         raise BadInput(
-            f"inventory {path} does not exist: pass an existing file or directory with -i, "
-            f"or omit -i to provision this machine"
+            f"inventory {path} does not exist: pass an existing file or directory with -i, or omit -i to provision this machine"
         )
     return path.resolve()
 
@@ -160,9 +158,7 @@ def check_tags(tags: Sequence[str], skip_tags: Sequence[str]) -> None:
     known = known_tags()
     unknown = sorted({t for t in (*tags, *skip_tags) if t not in known})
     if unknown:
-        raise BadInput(
-            f"unknown tag(s) {', '.join(unknown)}: use one of {', '.join(sorted(known - _BUILTIN_TAGS))}"
-        )
+        raise BadInput(f"unknown tag(s) {', '.join(unknown)}: use one of {', '.join(sorted(known - _BUILTIN_TAGS))}")
 
 
 def inventory_hosts(inventory: Path) -> dict[str, Any]:
@@ -433,7 +429,7 @@ def _failure_message(res: dict[str, Any]) -> str:
 
 def explain_unreachable(host: str, msg: str) -> str:
     """One line that says why a host could not be reached and how to fix it."""
-    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in msg or "Host key for" in msg and "has changed" in msg:
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in msg or ("Host key for" in msg and "has changed" in msg):
         return (
             f"{host}: its SSH host key changed since it was recorded in known_hosts; if the server "
             f"was reinstalled, remove the old key (ssh-keygen -R ADDRESS) and run again"

@@ -170,10 +170,7 @@ def _locked(lock_file: Path) -> Iterator[None]:
 
 def _validate_name(name: str) -> None:
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise LabError(
-            f"bad lab server name {name!r}: use 1-31 characters, a-z, 0-9 and '-', "
-            "starting with a letter"
-        )
+        raise LabError(f"bad lab server name {name!r}: use 1-31 characters, a-z, 0-9 and '-', starting with a letter")
 
 
 def missing_requirement() -> str | None:
@@ -210,9 +207,7 @@ def _host_sources() -> list[Path]:
     """The host's apt sources files for SUITE (passed to mmdebstrap as its mirrors)."""
     candidates = [HOST_SOURCES_LIST] if HOST_SOURCES_LIST.is_file() else []
     if HOST_SOURCES_DIR.is_dir():
-        candidates += sorted(
-            p for p in HOST_SOURCES_DIR.iterdir() if p.suffix in (".list", ".sources")
-        )
+        candidates += sorted(p for p in HOST_SOURCES_DIR.iterdir() if p.suffix in (".list", ".sources"))
     chosen = [p for p in candidates if re.search(rf"(?m)^[^#]*\b{SUITE}\b", p.read_text())]
     if not chosen:
         raise LabError(
@@ -352,11 +347,7 @@ def _is_our_nspawn(pid: int, name: str) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return (
-        bool(argv)
-        and os.path.basename(argv[0]) == b"systemd-nspawn"
-        and f"--machine={name}".encode() in argv
-    )
+    return bool(argv) and os.path.basename(argv[0]) == b"systemd-nspawn" and f"--machine={name}".encode() in argv
 
 
 def _children(pid: int) -> list[int]:
@@ -424,9 +415,7 @@ def _stop(pid: int, leader_pid: int, name: str, graceful: bool = True) -> None:
     if leader_pid > 0 and _proc_state(leader_pid) not in (None, "Z"):
         _signal(leader_pid, signal.SIGKILL)
     if not _wait_gone(pid, name, 5.0):
-        raise LabError(
-            f"systemd-nspawn PID {pid} for lab server {name} survived SIGKILL: kill it by hand"
-        )
+        raise LabError(f"systemd-nspawn PID {pid} for lab server {name} survived SIGKILL: kill it by hand")
 
 
 # --------------------------------------------------------------------------- mounts
@@ -509,8 +498,7 @@ def _host_key(merged: Path, name: str) -> list[str]:
     )
     _write(
         ssh_dir / "sshd_config.d" / "provisioner-lab.conf",
-        "# written by provisioner lab: only this server's own host key\n"
-        "HostKey /etc/ssh/ssh_host_ed25519_key\n",
+        "# written by provisioner lab: only this server's own host key\nHostKey /etc/ssh/ssh_host_ed25519_key\n",
     )
     return key.with_name(key.name + ".pub").read_text().split()[:2]
 
@@ -546,15 +534,10 @@ def _enable_sshd(merged: Path) -> None:
         link.symlink_to("/lib/systemd/system/ssh.service")
 
 
-def _write_client_files(
-    root: Path, name: str, address: str, key: Path, host_key: list[str]
-) -> None:
+def _write_client_files(root: Path, name: str, address: str, key: Path, host_key: list[str]) -> None:
     known_hosts = root / "known_hosts"
     _write(known_hosts, f"{address} {host_key[0]} {host_key[1]}\n")
-    ssh_opts = (
-        f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes "
-        "-o ControlMaster=no -o ControlPath=none"
-    )
+    ssh_opts = f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes -o ControlMaster=no -o ControlPath=none"
     inventory = {
         "all": {
             "children": {
@@ -616,9 +599,7 @@ def _allocate_index() -> int:
     for index in range(1, 255):
         if index not in used:
             return index
-    raise LabError(
-        "all 254 lab subnets are in use: take some lab servers down (provisioner lab down NAME)"
-    )
+    raise LabError("all 254 lab subnets are in use: take some lab servers down (provisioner lab down NAME)")
 
 
 def _peer_veth(leader_pid: int, console: Path) -> str:
@@ -644,10 +625,10 @@ def _address_veth(leader_pid: int, veth: str, host_ip: str, server_ip: str) -> N
     _run(["ip", "addr", "add", f"{host_ip}/24", "dev", veth], what)
     _run(["ip", "link", "set", veth, "up"], what)
     inside = ["nsenter", "-t", str(leader_pid), "-n", "ip"]
-    _run(inside + ["link", "set", "lo", "up"], what)
-    _run(inside + ["addr", "add", f"{server_ip}/24", "dev", "host0"], what)
-    _run(inside + ["link", "set", "host0", "up"], what)
-    _run(inside + ["route", "replace", "default", "via", host_ip], what)
+    _run([*inside, "link", "set", "lo", "up"], what)
+    _run([*inside, "addr", "add", f"{server_ip}/24", "dev", "host0"], what)
+    _run([*inside, "link", "set", "host0", "up"], what)
+    _run([*inside, "route", "replace", "default", "via", host_ip], what)
 
 
 def _nat_rule() -> list[str]:
@@ -692,9 +673,7 @@ def _release_host_network_if_idle() -> None:
     if _host_lab_indexes():
         return
     while _nat_present():
-        _run(
-            ["iptables", "-w", "-t", "nat", "-D", *_nat_rule()], "removing the lab NAT rule failed"
-        )
+        _run(["iptables", "-w", "-t", "nat", "-D", *_nat_rule()], "removing the lab NAT rule failed")
     saved = paths.lab_dir() / "ip_forward.saved"
     if saved.is_file():
         Path("/proc/sys/net/ipv4/ip_forward").write_text(saved.read_text())
@@ -772,24 +751,19 @@ def _wait_ssh(address: str, pid: int, name: str, console: Path) -> None:
     while time.monotonic() < deadline:
         if not _is_our_nspawn(pid, name):
             raise LabError(f"lab server {name} stopped while booting: see {console}")
-        with contextlib.suppress(OSError):
-            with socket.create_connection((address, 22), timeout=1.0) as sock:
-                sock.settimeout(2.0)
-                if sock.recv(64).startswith(b"SSH-"):
-                    return
+        with contextlib.suppress(OSError), socket.create_connection((address, 22), timeout=1.0) as sock:
+            sock.settimeout(2.0)
+            if sock.recv(64).startswith(b"SSH-"):
+                return
         time.sleep(0.1)
-    raise LabError(
-        f"sshd in lab server {name} did not answer on {address}:22 in {SSH_TIMEOUT_S:.0f} s: "
-        f"see {console}"
-    )
+    raise LabError(f"sshd in lab server {name} did not answer on {address}:22 in {SSH_TIMEOUT_S:.0f} s: see {console}")
 
 
 def _check_devices(devices: Sequence[str]) -> list[str]:
     for dev in devices:
         if not dev.startswith("/") or not os.path.exists(dev):
             raise LabError(
-                f"device {dev!r} for the lab server does not exist: pass an absolute path "
-                "(e.g. from losetup -f --show)"
+                f"device {dev!r} for the lab server does not exist: pass an absolute path (e.g. from losetup -f --show)"
             )
     return list(devices)
 
@@ -857,9 +831,7 @@ def _teardown(name: str, graceful: bool = True) -> bool:
     _remove_nspawn_leftovers(name, merged)
     _umount(merged)
     if _is_mounted(merged):
-        raise LabError(
-            f"{merged} is still mounted: unmount it by hand, then run lab down {name} again"
-        )
+        raise LabError(f"{merged} is still mounted: unmount it by hand, then run lab down {name} again")
     try:
         shutil.rmtree(root)
     except OSError as exc:

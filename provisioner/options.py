@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import yaml
 
@@ -33,9 +34,7 @@ def check_choices(key: str, value: Any, spec: dict[str, Any]) -> None:
     values = value if spec.get("type") == "list" and isinstance(value, list) else [value]
     wrong = [v for v in values if v not in choices]
     if wrong:
-        raise BadInput(
-            f"-e {key}: {', '.join(map(str, wrong))} is not one of {', '.join(map(str, choices))}"
-        )
+        raise BadInput(f"-e {key}: {', '.join(map(str, wrong))} is not one of {', '.join(map(str, choices))}")
 
 
 def known_options() -> dict[str, str]:

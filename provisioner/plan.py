@@ -61,42 +61,33 @@ class PlanOptions:
         if self.thp not in THP_CHOICES:
             raise PlanError(f"plan_thp must be one of {', '.join(THP_CHOICES)} (got {self.thp!r})")
         if self.hugepages_size is not None and self.hugepages_size not in HUGEPAGES_SIZES:
-            raise PlanError(
-                f"plan_hugepages_size must be null, 2M or 1G (got {self.hugepages_size!r})"
-            )
+            raise PlanError(f"plan_hugepages_size must be null, 2M or 1G (got {self.hugepages_size!r})")
         if self.hugepages_count < 0:
             raise PlanError(f"plan_hugepages_count must be 0 or more (got {self.hugepages_count})")
         if not 0.0 <= self.hugepages_share <= MAX_HUGEPAGES_SHARE:
-            raise PlanError(
-                f"plan_hugepages_share must be between 0 and {MAX_HUGEPAGES_SHARE} "
-                f"(got {self.hugepages_share})"
-            )
+            raise PlanError(f"plan_hugepages_share must be between 0 and {MAX_HUGEPAGES_SHARE} (got {self.hugepages_share})")
         if self.hugepages_count and self.hugepages_share:
             raise PlanError("set plan_hugepages_count or plan_hugepages_share, not both")
         if (self.hugepages_count or self.hugepages_share) and self.hugepages_size is None:
             raise PlanError("plan_hugepages_count/plan_hugepages_share need plan_hugepages_size: 2M or 1G")
         if self.tuned_profile not in TUNED_PROFILES:
-            raise PlanError(
-                f"plan_tuned_profile must be one of {', '.join(TUNED_PROFILES)} "
-                f"(got {self.tuned_profile!r})"
-            )
+            raise PlanError(f"plan_tuned_profile must be one of {', '.join(TUNED_PROFILES)} (got {self.tuned_profile!r})")
         if not self.data_mountpoint.startswith("/") or self.data_mountpoint.rstrip("/") in (
-            "", "/boot", "/usr", "/var", "/etc", "/home", "/tmp",
+            "",
+            "/boot",
+            "/usr",
+            "/var",
+            "/etc",
+            "/home",
+            "/tmp",
         ):
             raise PlanError(
-                f"plan_data_mountpoint must be an absolute path of its own, like /data "
-                f"(got {self.data_mountpoint!r})"
+                f"plan_data_mountpoint must be an absolute path of its own, like /data (got {self.data_mountpoint!r})"
             )
         if self.storage_level not in STORAGE_LEVELS:
-            raise PlanError(
-                f"plan_storage_level must be one of {', '.join(STORAGE_LEVELS)} "
-                f"(got {self.storage_level!r})"
-            )
+            raise PlanError(f"plan_storage_level must be one of {', '.join(STORAGE_LEVELS)} (got {self.storage_level!r})")
         if self.storage_backend not in STORAGE_BACKENDS:
-            raise PlanError(
-                f"plan_storage_backend must be one of {', '.join(STORAGE_BACKENDS)} "
-                f"(got {self.storage_backend!r})"
-            )
+            raise PlanError(f"plan_storage_backend must be one of {', '.join(STORAGE_BACKENDS)} (got {self.storage_backend!r})")
 
     @classmethod
     def known_vars(cls) -> tuple[str, ...]:
@@ -112,9 +103,7 @@ class PlanOptions:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(k for k in variables if k.startswith("plan_") and k[5:] not in known)
         if unknown:
-            raise PlanError(
-                f"unknown plan option {', '.join(unknown)}; known: {', '.join(cls.known_vars())}"
-            )
+            raise PlanError(f"unknown plan option {', '.join(unknown)}; known: {', '.join(cls.known_vars())}")
         kwargs: dict[str, Any] = {}
         for name in known:
             key = f"plan_{name}"
@@ -259,9 +248,7 @@ def _need(facts: Mapping[str, Any], path: str) -> Any:
     node: Any = facts
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            raise PlanError(
-                f"hardware facts lack {path}; gather them with the provisioner_facts module (schema {FACTS_SCHEMA})"
-            )
+            raise PlanError(f"hardware facts lack {path}; gather them with the provisioner_facts module (schema {FACTS_SCHEMA})")
         node = node[part]
     return node
 
@@ -342,8 +329,7 @@ def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
         if trials > cores:
             trials_reason += f", above {cores} physical cores (plan_allow_oversubscription: true)"
             warnings.append(
-                f"{trials} parallel trials on {cores} physical cores: oversubscribed by choice "
-                "(plan_allow_oversubscription)"
+                f"{trials} parallel trials on {cores} physical cores: oversubscribed by choice (plan_allow_oversubscription)"
             )
     per_trial = max(1, cores // trials)
     per_trial_reason = (
@@ -408,9 +394,7 @@ def plan_hugepages(facts: Mapping[str, Any], options: PlanOptions, warnings: lis
         raise PlanError("hardware facts report no memory size; cannot size hugepages")
     page_bytes = 2 * 1024**2 if size == "2M" else GIB
     if size == "1G" and not _get(facts, "memory.hugepages_1g_supported", False):
-        raise PlanError(
-            "plan_hugepages_size=1G but this CPU/kernel has no 1 GiB pages (no pdpe1gb); use 2M"
-        )
+        raise PlanError("plan_hugepages_size=1G but this CPU/kernel has no 1 GiB pages (no pdpe1gb); use 2M")
     if options.hugepages_count:
         count = options.hugepages_count
         how = f"plan_hugepages_count={count}"
@@ -479,9 +463,7 @@ def plan_cpufreq(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     else:
         epp = Setting("energy_performance_preference", None, f"not applicable: driver {driver} has no EPP")
     if driver == "amd-pstate" and _get(facts, "cpufreq.amd_pstate_status") not in (None, "active"):
-        warnings.append(
-            "amd-pstate is not in active mode (amd_pstate=active on the kernel command line gives EPP)"
-        )
+        warnings.append("amd-pstate is not in active mode (amd_pstate=active on the kernel command line gives EPP)")
     if _get(facts, "cpufreq.boost") is None:
         boost = Setting("cpu_boost", None, f"not applicable: driver {driver} exposes no boost control")
     else:
@@ -492,8 +474,7 @@ def plan_cpufreq(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
 TUNED_REASONS = {
     "throughput-performance": "sets governor, EPP, min_perf_pct=100, swappiness 10, readahead >= 4096 KiB",
     "hpc-compute": "throughput-performance plus THP=always, numa_balancing=0, zone_reclaim_mode=1",
-    "latency-performance": "for inference endpoints: governor performance and no deep C-states; less "
-    "throughput tuning",
+    "latency-performance": "for inference endpoints: governor performance and no deep C-states; less throughput tuning",
 }
 
 
@@ -513,9 +494,7 @@ def plan_os(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str])
     if nodes <= 1:
         settings.append(Setting("numa_balancing", None, "not applicable: 1 NUMA node"))
     elif profile == "hpc-compute":
-        settings.append(
-            Setting("numa_balancing", 0, f"0: {nodes} NUMA nodes, tuned hpc-compute pins instead of migrating")
-        )
+        settings.append(Setting("numa_balancing", 0, f"0: {nodes} NUMA nodes, tuned hpc-compute pins instead of migrating"))
     else:
         settings.append(
             Setting(
@@ -560,8 +539,7 @@ def plan_runtimes(facts: Mapping[str, Any], options: PlanOptions, warnings: list
         Setting(
             "kmp_blocktime",
             None,
-            "not applicable: KMP_BLOCKTIME/KMP_AFFINITY only where Intel OpenMP (libiomp) is the runtime "
-            "(IPEX tuning guide)",
+            "not applicable: KMP_BLOCKTIME/KMP_AFFINITY only where Intel OpenMP (libiomp) is the runtime (IPEX tuning guide)",
         ),
         Setting(
             "omp_proc_bind",
@@ -621,7 +599,7 @@ def exclusion_reason(device: Mapping[str, Any], explicit: bool = False) -> str |
 
 
 def _find_device(devices: list[Mapping[str, Any]], wanted: str) -> Mapping[str, Any] | None:
-    bare = wanted[len("/dev/"):] if wanted.startswith("/dev/") and "/" not in wanted[5:] else None
+    bare = wanted[len("/dev/") :] if wanted.startswith("/dev/") and "/" not in wanted[5:] else None
     for device in devices:
         names = {device.get("path"), device.get("name"), *(device.get("by_id") or [])}
         if wanted in names or (bare and bare == device.get("name")):
@@ -685,7 +663,9 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     }
     need = MIN_DRIVES[level]
     if len(candidates) < need:
-        found = f"{len(candidates)} unused NVMe data drive(s)" if not options.storage_devices else f"{len(candidates)} drive(s) named"
+        found = (
+            f"{len(candidates)} unused NVMe data drive(s)" if not options.storage_devices else f"{len(candidates)} drive(s) named"
+        )
         proposal["reason"] = f"nothing proposed: {level} needs {need} drive(s), found {found}"
         return proposal
 
@@ -693,9 +673,7 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     for device in candidates:
         path, stable = stable_id(device)
         if not stable:
-            warnings.append(
-                f"{device['name']} has no /dev/disk/by-id link; its kernel name may change across reboots"
-            )
+            warnings.append(f"{device['name']} has no /dev/disk/by-id link; its kernel name may change across reboots")
         members.append(
             {"id": path, "name": device["name"], "size_bytes": device.get("size_bytes", 0), "model": device.get("model")}
         )
@@ -704,8 +682,12 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     if max(sizes) > 1.1 * smallest:
         warnings.append(f"data drives differ in size; {level} uses {_human_bytes(smallest)} of each")
     if backend == "mdadm":
-        usable = {"raid0": smallest * len(members), "raid1": smallest,
-                  "raid10": smallest * len(members) // 2, "single": smallest}[level]
+        usable = {
+            "raid0": smallest * len(members),
+            "raid1": smallest,
+            "raid10": smallest * len(members) // 2,
+            "single": smallest,
+        }[level]
     else:  # btrfs allocates per chunk, so unequal drives are used in full (roughly)
         usable = sum(sizes) if level in ("raid0", "single") else sum(sizes) // 2
     why_level = {
@@ -715,8 +697,7 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
         "single": "single: no redundancy, no striping",
     }[level]
     layout = (
-        f"mdadm {level}, chunk {MD_CHUNK_KB} KiB, XFS (mkfs.xfs reads md geometry), mount noatime,nofail "
-        f"(RHEL XFS docs)"
+        f"mdadm {level}, chunk {MD_CHUNK_KB} KiB, XFS (mkfs.xfs reads md geometry), mount noatime,nofail (RHEL XFS docs)"
         if backend == "mdadm"
         else f"btrfs data {level}, metadata {'raid1' if len(members) > 1 else 'dup'}, mount noatime,nofail"
     )

@@ -7,8 +7,9 @@ provisioner runs on (a local connection).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 REASONS_FACT = "provisioner_reboot_reasons"
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -17,7 +18,15 @@ from .verify import VerifyResult
 console = Console()
 err_console = Console(stderr=True)
 
-_STATUS_STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "refused": "red", "unreachable": "red", "passed": "green", "skipped": "dim"}
+_STATUS_STYLE = {
+    "ok": "green",
+    "changed": "yellow",
+    "failed": "red",
+    "refused": "red",
+    "unreachable": "red",
+    "passed": "green",
+    "skipped": "dim",
+}
 
 
 def print_json(data: Any) -> None:
@@ -107,9 +116,7 @@ def _diff_text(diff: dict[str, Any]) -> str:
     import difflib
 
     header = (diff.get("before_header", "before"), diff.get("after_header", "after"))
-    lines = difflib.unified_diff(
-        str(before).splitlines(), str(after).splitlines(), header[0], header[1], lineterm=""
-    )
+    lines = difflib.unified_diff(str(before).splitlines(), str(after).splitlines(), header[0], header[1], lineterm="")
     return "\n".join("  " + ln for ln in lines)
 
 
@@ -125,11 +132,18 @@ def facts(facts_by_host: dict[str, dict[str, Any]]) -> None:
         os_ = f.get("os", {}) or {}
         rows = [
             ("cpu", f"{cpu.get('model_name')} ({cpu.get('vendor')}, family {cpu.get('family')} model {cpu.get('model')})"),
-            ("topology", f"{cpu.get('sockets')} socket(s), {cpu.get('cores')} cores, {cpu.get('threads')} threads, {cpu.get('numa_nodes')} NUMA node(s)"),
+            (
+                "topology",
+                f"{cpu.get('sockets')} socket(s), {cpu.get('cores')} cores, {cpu.get('threads')} threads, {cpu.get('numa_nodes')} NUMA node(s)",
+            ),
             ("isa", isa),
             ("caches", ", ".join(f"{k} {v}" for k, v in (cpu.get("caches") or {}).items() if v)),
             ("memory", f"{(mem.get('total_bytes') or 0) / 2**30:.1f} GiB"),
-            ("cpufreq", f"{cpufreq.get('driver') or 'no cpufreq driver'}" + (f", governor {cpufreq.get('governor')}" if cpufreq.get("governor") else "")),
+            (
+                "cpufreq",
+                f"{cpufreq.get('driver') or 'no cpufreq driver'}"
+                + (f", governor {cpufreq.get('governor')}" if cpufreq.get("governor") else ""),
+            ),
             ("thp", f"enabled={(f.get('thp') or {}).get('enabled')} defrag={(f.get('thp') or {}).get('defrag')}"),
             ("virtualization", f"{virt.get('type')} ({virt.get('role')})"),
             ("os", f"{os_.get('pretty_name')}, kernel {os_.get('kernel')}"),
@@ -250,28 +264,50 @@ def smoke(reports: list[Any], html: Any = None) -> None:
 
     for r in reports:
         hw = r.hardware
-        title = (f"{r.host}: smoke {r.profile} ({r.mode}) — {hw.get('cpu')}, {hw.get('physical_cores')} cores, "
-                 f"{hw.get('threads')} threads per job, {r.seconds:.0f} s")
+        title = (
+            f"{r.host}: smoke {r.profile} ({r.mode}) — {hw.get('cpu')}, {hw.get('physical_cores')} cores, "
+            f"{hw.get('threads')} threads per job, {r.seconds:.0f} s"
+        )
         table = Table(title=title, title_justify="left")
-        for col, just in (("check", "left"), ("figure", "right"), ("limit", "right"), ("ratio", "right"),
-                          ("before", "right"), ("status", "left"), ("reason", "left")):
+        for col, just in (
+            ("check", "left"),
+            ("figure", "right"),
+            ("limit", "right"),
+            ("ratio", "right"),
+            ("before", "right"),
+            ("status", "left"),
+            ("reason", "left"),
+        ):
             table.add_column(col, justify=just, overflow="fold")
         for c in r.checks:
             figure = f"{number(c.figure)} {c.unit}".strip()
             before = f"{number(c.baseline)} ({c.gain:.2f}x)" if c.baseline is not None and c.gain else ""
             table.add_row(
-                Text(c.title), Text(figure), Text(number(c.limit)), Text(f"{c.ratio:.2f}" if c.ratio is not None else ""),
-                Text(before), Text(c.status + (" ↓" if c.regression else ""), style=_SMOKE_STYLE.get(c.status, "")),
+                Text(c.title),
+                Text(figure),
+                Text(number(c.limit)),
+                Text(f"{c.ratio:.2f}" if c.ratio is not None else ""),
+                Text(before),
+                Text(c.status + (" ↓" if c.regression else ""), style=_SMOKE_STYLE.get(c.status, "")),
                 Text(c.reason),
             )
         console.print(table)
-        console.print(Text(f"  peak: {hw.get('fp64_flops_per_cycle')} FP64 FLOPs/cycle ({hw.get('fp64_basis')}); "
-                           f"clock {hw.get('clock_ghz')} GHz ({hw.get('clock_basis')})", style="dim"))
+        console.print(
+            Text(
+                f"  peak: {hw.get('fp64_flops_per_cycle')} FP64 FLOPs/cycle ({hw.get('fp64_basis')}); "
+                f"clock {hw.get('clock_ghz')} GHz ({hw.get('clock_basis')})",
+                style="dim",
+            )
+        )
         if r.baseline_started:
             console.print(Text(f"  before: the unprovisioned baseline of {r.baseline_started}", style="dim"))
         counts = r.counts()
-        console.print(Text(f"  {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
-                           f"{counts['skip']} skipped, {counts['info']} reported without a limit",
-                           style=_SMOKE_STYLE.get(r.status, "")))
+        console.print(
+            Text(
+                f"  {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
+                f"{counts['skip']} skipped, {counts['info']} reported without a limit",
+                style=_SMOKE_STYLE.get(r.status, ""),
+            )
+        )
     if html:
         console.print(Text(f"report: {html}"))

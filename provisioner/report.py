@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+
 import jinja2
 
 from .smoke import HostReport, number

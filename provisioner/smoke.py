@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from . import paths
 
@@ -116,12 +117,19 @@ class HostReport:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "HostReport":
+    def from_dict(cls, d: dict[str, Any]) -> HostReport:
         return cls(
-            host=d["host"], mode=d["mode"], profile=d["profile"], started=d["started"], seconds=d["seconds"],
-            hardware=d.get("hardware", {}), checks=[Check(**c) for c in d.get("checks", [])],
-            baseline_started=d.get("baseline_started"), previous_started=d.get("previous_started"),
-            raw=d.get("raw", {}), workloads=d.get("workloads", {}),
+            host=d["host"],
+            mode=d["mode"],
+            profile=d["profile"],
+            started=d["started"],
+            seconds=d["seconds"],
+            hardware=d.get("hardware", {}),
+            checks=[Check(**c) for c in d.get("checks", [])],
+            baseline_started=d.get("baseline_started"),
+            previous_started=d.get("previous_started"),
+            raw=d.get("raw", {}),
+            workloads=d.get("workloads", {}),
         )
 
 
@@ -227,9 +235,14 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
         "data_dir": raw.get("data_dir"),
     }
     return HostReport(
-        host=raw.get("host", "?"), mode=raw.get("mode", "tuned"), profile=raw.get("profile", "quick"),
-        started=raw.get("started", ""), seconds=float(raw.get("seconds", 0.0)), hardware=hardware,
-        checks=checks, raw=raw,
+        host=raw.get("host", "?"),
+        mode=raw.get("mode", "tuned"),
+        profile=raw.get("profile", "quick"),
+        started=raw.get("started", ""),
+        seconds=float(raw.get("seconds", 0.0)),
+        hardware=hardware,
+        checks=checks,
+        raw=raw,
         workloads={task: float(r.get("seconds", 0.0)) for task, r in results.items() if isinstance(r, dict)},
     )
 
@@ -280,15 +293,29 @@ def load_check(raw: dict[str, Any]) -> Check:
     reason = f"{busy:.0%} of {cpus} CPUs busy in the second before the run"
     if status == WARN:
         reason += ": other work was running, so the figures below may be low for reasons outside this host's tuning"
-    return Check("host.load", "host", "idle host", status, reason, busy * 100, "% busy", BUSY_SHARE * 100,
-                 "/proc/stat over one second before the first workload", busy / BUSY_SHARE, higher_is_better=False)
+    return Check(
+        "host.load",
+        "host",
+        "idle host",
+        status,
+        reason,
+        busy * 100,
+        "% busy",
+        BUSY_SHARE * 100,
+        "/proc/stat over one second before the first workload",
+        busy / BUSY_SHARE,
+        higher_is_better=False,
+    )
 
 
 def config_checks(raw: dict[str, Any]) -> list[Check]:
     cfg, plan = raw.get("config", {}), raw.get("plan", {})
     threads = plan.get("threads_per_job")
     out = []
-    for key, title in (("login_shell", "thread settings in a login shell"), ("systemd_service", "thread settings in a systemd service")):
+    for key, title in (
+        ("login_shell", "thread settings in a login shell"),
+        ("systemd_service", "thread settings in a systemd service"),
+    ):
         seen = cfg.get(key, {})
         cid = f"config.threads.{key}"
         if "not_applicable" in seen:
@@ -298,11 +325,17 @@ def config_checks(raw: dict[str, Any]) -> list[Check]:
             out.append(Check(cid, "configuration", title, FAIL, f"could not read it: {seen['error']}"))
             continue
         values = seen.get("values", {})
-        wrong = {v: values.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS") if values.get(v) != str(threads)}
+        wrong = {
+            v: values.get(v)
+            for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+            if values.get(v) != str(threads)
+        }
         shown = ", ".join(f"{k}={v}" for k, v in sorted(values.items())) or "none set"
         if wrong:
             reason = "; ".join(f"{k} is {v or 'unset'}" for k, v in wrong.items())
-            out.append(Check(cid, "configuration", title, FAIL, f"{reason}, the plan says {threads} (role thread_env)", detail=shown))
+            out.append(
+                Check(cid, "configuration", title, FAIL, f"{reason}, the plan says {threads} (role thread_env)", detail=shown)
+            )
         else:
             out.append(Check(cid, "configuration", title, PASS, f"{threads} threads per job, as planned", detail=shown))
     thp = cfg.get("thp", {})
@@ -314,39 +347,82 @@ def config_checks(raw: dict[str, Any]) -> list[Check]:
         elif have == want:
             out.append(Check(cid, "configuration", f"THP {name}", PASS, f"{have}, as planned"))
         else:
-            out.append(Check(cid, "configuration", f"THP {name}", FAIL, f"{have}, the plan says {want} (role cpu_tuning; read-only in containers)"))
+            out.append(
+                Check(
+                    cid,
+                    "configuration",
+                    f"THP {name}",
+                    FAIL,
+                    f"{have}, the plan says {want} (role cpu_tuning; read-only in containers)",
+                )
+            )
     gov = cfg.get("governor", {})
     want = plan.get("cpu_governor")
     if "not_applicable" in gov or want is None:
-        out.append(Check("config.governor", "configuration", "CPU governor", SKIP, f"not applicable: {gov.get('not_applicable', 'the plan sets none')}"))
+        out.append(
+            Check(
+                "config.governor",
+                "configuration",
+                "CPU governor",
+                SKIP,
+                f"not applicable: {gov.get('not_applicable', 'the plan sets none')}",
+            )
+        )
     else:
         st = PASS if gov.get("value") == want else FAIL
-        out.append(Check("config.governor", "configuration", "CPU governor", st, f"{gov.get('value')}" + ("" if st == PASS else f", the plan says {want}")))
+        out.append(
+            Check(
+                "config.governor",
+                "configuration",
+                "CPU governor",
+                st,
+                f"{gov.get('value')}" + ("" if st == PASS else f", the plan says {want}"),
+            )
+        )
     mount = cfg.get("data_mount", {})
     requested = raw.get("data_dir_requested")
     if "error" in mount:
         out.append(Check("config.data_mount", "configuration", "data mount", FAIL, mount["error"]))
     elif requested and raw.get("data_dir") == requested:
         noatime = "noatime" in mount.get("options", [])
-        out.append(Check("config.data_mount", "configuration", "data mount", PASS if noatime else WARN,
-                         f"{mount.get('fstype')} on {mount.get('source')} at {mount.get('target')}"
-                         + ("" if noatime else ", mounted without noatime (every read writes an access time)"),
-                         detail=",".join(mount.get("options", []))))
+        out.append(
+            Check(
+                "config.data_mount",
+                "configuration",
+                "data mount",
+                PASS if noatime else WARN,
+                f"{mount.get('fstype')} on {mount.get('source')} at {mount.get('target')}"
+                + ("" if noatime else ", mounted without noatime (every read writes an access time)"),
+                detail=",".join(mount.get("options", [])),
+            )
+        )
     else:
-        out.append(Check("config.data_mount", "configuration", "data mount", INFO,
-                         f"no data mount at {requested}: the Parquet workload ran on {mount.get('target')} "
-                         f"({mount.get('fstype')} on {mount.get('source')})"))
+        out.append(
+            Check(
+                "config.data_mount",
+                "configuration",
+                "data mount",
+                INFO,
+                f"no data mount at {requested}: the Parquet workload ran on {mount.get('target')} "
+                f"({mount.get('fstype')} on {mount.get('source')})",
+            )
+        )
     return out
 
 
 def gemm_checks(raw: dict[str, Any], gemm: dict[str, Any]) -> list[Check]:
-    titles = {"dgemm_all": "DGEMM, all cores", "dgemm_one": "DGEMM, one core", "sgemm_all": "SGEMM, all cores", "sgemm_one": "SGEMM, one core"}
+    titles = {
+        "dgemm_all": "DGEMM, all cores",
+        "dgemm_one": "DGEMM, one core",
+        "sgemm_all": "SGEMM, all cores",
+        "sgemm_one": "SGEMM, one core",
+    }
     problem = _problem("compute.gemm", "compute", "GEMM", gemm)
     if problem:
         return [problem]
     cpu = raw.get("cpu", {})
-    fpc, fpc_basis = fp64_flops_per_cycle(cpu.get("vendor", ""), cpu.get("family", 0), cpu.get("model", 0), cpu.get("flags", []))
-    ghz, clock_basis = clock_ghz(raw)
+    fpc, _fpc_basis = fp64_flops_per_cycle(cpu.get("vendor", ""), cpu.get("family", 0), cpu.get("model", 0), cpu.get("flags", []))
+    ghz, _clock_basis = clock_ghz(raw)
     kernels = ", ".join(f"{b.get('internal_api')} {b.get('architecture')}" for b in gemm.get("blas", [])) or "unknown BLAS"
     out = []
     for key, title in titles.items():
@@ -356,10 +432,13 @@ def gemm_checks(raw: dict[str, Any], gemm: dict[str, Any]) -> list[Check]:
         cores = 1 if key.endswith("_one") else int(raw.get("threads") or cpu.get("physical_cores") or 1)
         per_cycle = fpc * (2 if key.startswith("s") else 1)
         cid = f"compute.{key}"
-        detail = (f"n={gemm.get('n')}, median of {len(gemm[key].get('times_s', []))}, threads {gemm[key].get('threads')}, "
-                  f"{kernels}")
+        detail = (
+            f"n={gemm.get('n')}, median of {len(gemm[key].get('times_s', []))}, threads {gemm[key].get('threads')}, {kernels}"
+        )
         if not ghz:
-            out.append(Check(cid, "compute", title, INFO, "no clock known: reported without a ratio", fig, "GFLOPS", detail=detail))
+            out.append(
+                Check(cid, "compute", title, INFO, "no clock known: reported without a ratio", fig, "GFLOPS", detail=detail)
+            )
             continue
         limit = cores * per_cycle * ghz
         ratio = fig / limit
@@ -383,7 +462,9 @@ def triad_check(raw: dict[str, Any], triad: dict[str, Any]) -> Check:
     detail = f"{triad.get('how')}, n={triad.get('n')}, median of {len(triad.get('times_s', []))}, threads {triad.get('threads')}"
     limit, basis = dram_gbps(raw.get("memory", {}))
     if limit is None:
-        return Check("memory.triad", "memory", title, INFO, f"reported without a ratio: {basis}", fig, "GB/s", basis=basis, detail=detail)
+        return Check(
+            "memory.triad", "memory", title, INFO, f"reported without a ratio: {basis}", fig, "GB/s", basis=basis, detail=detail
+        )
     ratio = fig / limit
     status = grade(ratio, TRIAD_GRADES)
     reason = f"{ratio:.0%} of theoretical DRAM bandwidth (STREAM reaches 74-82%)"
@@ -416,11 +497,15 @@ def gbdt_checks(raw: dict[str, Any], gbdt: dict[str, Any]) -> list[Check]:
         reason = f"1 -> {cores} cores: {speedup:.1f}x ({ratio:.0%} of linear)"
         if status != PASS:
             reason += "; more threads barely help: oversubscription, a thread cap, or memory-bound"
-        detail = (f"{gbdt.get('rows'):,} x {gbdt.get('cols')}, depth {gbdt.get('depth')}, {allc['trees']} trees on "
-                  f"{allc['threads']} threads, {one['trees']} on 1; median of {len(allc.get('times_s', []))}; "
-                  f"{lib} {res.get('version')}")
+        detail = (
+            f"{gbdt.get('rows'):,} x {gbdt.get('cols')}, depth {gbdt.get('depth')}, {allc['trees']} trees on "
+            f"{allc['threads']} threads, {one['trees']} on 1; median of {len(allc.get('times_s', []))}; "
+            f"{lib} {res.get('version')}"
+        )
         basis = f"the one-core rate ({one['row_trees_per_s'] / 1e6:.2f} M row-trees/s) x {cores} cores (linear scaling)"
-        out.append(Check(cid, "gradient boosting", title, status, reason, fig, "M row-trees/s", limit, basis, ratio, detail=detail))
+        out.append(
+            Check(cid, "gradient boosting", title, status, reason, fig, "M row-trees/s", limit, basis, ratio, detail=detail)
+        )
     return out
 
 
@@ -439,9 +524,13 @@ def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any]) -> list[Check]:
         reasons.append(f"torch uses {mlp.get('threads')} threads, the plan says {want}")
     if not (mlp.get("mkl") and mlp.get("mkldnn")):
         status = max(status, WARN, key=lambda s: _RANK[s])
-        reasons.append(f"MKL {'on' if mlp.get('mkl') else 'off'}, oneDNN {'on' if mlp.get('mkldnn') else 'off'}: not a CPU build with both")
-    detail = (f"torch {mlp.get('torch')}, {mlp.get('threads')} threads, batch {mlp.get('batch')}, width {mlp.get('width')}, "
-              f"median of {len(mlp.get('step_s', []))}")
+        reasons.append(
+            f"MKL {'on' if mlp.get('mkl') else 'off'}, oneDNN {'on' if mlp.get('mkldnn') else 'off'}: not a CPU build with both"
+        )
+    detail = (
+        f"torch {mlp.get('torch')}, {mlp.get('threads')} threads, batch {mlp.get('batch')}, width {mlp.get('width')}, "
+        f"median of {len(mlp.get('step_s', []))}"
+    )
     basis = f"torch.mm SGEMM n={mlp.get('sgemm_n')} in the same process, same threads"
     return [Check("torch.mlp", "pytorch", title, status, "; ".join(reasons), fig, "GFLOPS", limit, basis, ratio, detail=detail)]
 
@@ -451,12 +540,24 @@ def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any]) -> list[Check]:
     if problem:
         return [problem]
     runs = hpo["runs"]
-    detail = (f"{hpo['trials']} {hpo['library']} trials ({hpo['rows']:,} rows, {hpo['trees']} trees) per run, one run each, "
-              f"{hpo['sampler']}")
+    detail = (
+        f"{hpo['trials']} {hpo['library']} trials ({hpo['rows']:,} rows, {hpo['trees']} trees) per run, one run each, "
+        f"{hpo['sampler']}"
+    )
     seq = runs["sequential"]["trials_per_min"]
     if "parallel" not in runs:
-        return [Check("hpo.parallel", "hyperparameter search", "parallel trials", SKIP,
-                      "one trial at a time on this host (one core): nothing to run in parallel", seq, "trials/min", detail=detail)]
+        return [
+            Check(
+                "hpo.parallel",
+                "hyperparameter search",
+                "parallel trials",
+                SKIP,
+                "one trial at a time on this host (one core): nothing to run in parallel",
+                seq,
+                "trials/min",
+                detail=detail,
+            )
+        ]
     par, over = runs["parallel"], runs["oversubscribed"]
     ratio = par["trials_per_min"] / seq
     each = par["threads_each"]
@@ -464,19 +565,53 @@ def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any]) -> list[Check]:
     reason = f"{par['procs']} processes x {each} thread(s): {ratio:.2f}x the one-after-another rate"
     if status != PASS:
         reason += "; parallel trials lose to running them one by one: each trial's threads must be cores / trials"
-    out = [Check("hpo.parallel", "hyperparameter search", "parallel trials", status, reason, par["trials_per_min"], "trials/min",
-                 seq, f"the same trials one after another, {runs['sequential']['threads_each']} thread(s) each", ratio, detail=detail)]
+    out = [
+        Check(
+            "hpo.parallel",
+            "hyperparameter search",
+            "parallel trials",
+            status,
+            reason,
+            par["trials_per_min"],
+            "trials/min",
+            seq,
+            f"the same trials one after another, {runs['sequential']['threads_each']} thread(s) each",
+            ratio,
+            detail=detail,
+        )
+    ]
     oratio = over["trials_per_min"] / par["trials_per_min"]
     saved = 1 - oratio
     if raw.get("mode") != "tuned":
-        ostatus, oreason = INFO, (f"oversubscribed ({over['procs']} processes x {over['threads_each']} threads) runs at "
-                                  f"{oratio:.0%} of the parallel rate with library defaults")
+        ostatus, oreason = (
+            INFO,
+            (
+                f"oversubscribed ({over['procs']} processes x {over['threads_each']} threads) runs at "
+                f"{oratio:.0%} of the parallel rate with library defaults"
+            ),
+        )
     elif oratio <= 1.05:
-        ostatus, oreason = PASS, f"oversubscribed ({over['procs']} processes x {over['threads_each']} threads, {over.get('trials', hpo['trials'])} trials) runs at {oratio:.0%} of the planned rate: the thread plan saves {max(saved, 0):.0%}"
+        ostatus, oreason = (
+            PASS,
+            f"oversubscribed ({over['procs']} processes x {over['threads_each']} threads, {over.get('trials', hpo['trials'])} trials) runs at {oratio:.0%} of the planned rate: the thread plan saves {max(saved, 0):.0%}",
+        )
     else:
         ostatus, oreason = WARN, f"oversubscribed ran {oratio - 1:.0%} faster than the plan's threads per trial here"
-    out.append(Check("hpo.oversubscribed", "hyperparameter search", "oversubscribed trials (every trial all threads)", ostatus, oreason,
-                     over["trials_per_min"], "trials/min", par["trials_per_min"], "the planned parallel rate", oratio, detail=detail))
+    out.append(
+        Check(
+            "hpo.oversubscribed",
+            "hyperparameter search",
+            "oversubscribed trials (every trial all threads)",
+            ostatus,
+            oreason,
+            over["trials_per_min"],
+            "trials/min",
+            par["trials_per_min"],
+            "the planned parallel rate",
+            oratio,
+            detail=detail,
+        )
+    )
     return out
 
 
@@ -494,14 +629,15 @@ def parquet_check(raw: dict[str, Any], pq: dict[str, Any]) -> Check:
     limit = min(disk, decode)
     bound = "the mount's sequential read" if disk <= decode else f"decoding ({threads} threads)"
     cache = "cold cache" if pq.get("cold_cache") else "warm cache: " + str(pq.get("cache_note") or "")
-    basis = (f"min(the same file read raw from the mount: {disk:.2f} GB/s, {how}: {decode:.2f} GB/s); "
-             f"bound by {bound}; {cache}")
+    basis = f"min(the same file read raw from the mount: {disk:.2f} GB/s, {how}: {decode:.2f} GB/s); bound by {bound}; {cache}"
     ratio = pq["scan_gbps"] / limit
     status = grade(ratio, PARQUET_GRADES)
     reason = f"{ratio:.0%} of {bound}"
-    detail = (f"{pq['file_bytes'] / 1e6:.0f} MB snappy ({pq['rows']:,} rows), write {pq['write_gbps']:.2f} GB/s, "
-              f"decoded {pq['decoded_gbps']:.2f} GB/s, {threads} threads, median of {len(pq.get('scan_s', []))}, "
-              f"on {raw.get('data_dir')}")
+    detail = (
+        f"{pq['file_bytes'] / 1e6:.0f} MB snappy ({pq['rows']:,} rows), write {pq['write_gbps']:.2f} GB/s, "
+        f"decoded {pq['decoded_gbps']:.2f} GB/s, {threads} threads, median of {len(pq.get('scan_s', []))}, "
+        f"on {raw.get('data_dir')}"
+    )
     return Check("data.parquet", "data", title, status, reason, pq["scan_gbps"], "GB/s", limit, basis, ratio, detail=detail)
 
 
@@ -510,17 +646,40 @@ def inference_checks(inf: dict[str, Any]) -> list[Check]:
     problem = _problem("inference.p99", "inference", title, inf)
     if problem:
         return [problem]
-    detail = (f"{inf['library']}, {inf['trees']} trees depth {inf['depth']}, median of {inf.get('repeats', 1)} x "
-              f"{inf['calls']} calls, threads {inf['threads']}")
+    detail = (
+        f"{inf['library']}, {inf['trees']} trees depth {inf['depth']}, median of {inf.get('repeats', 1)} x "
+        f"{inf['calls']} calls, threads {inf['threads']}"
+    )
     ok, warn = LATENCY_P99_US
     p99 = inf["p99_us"]
     status = PASS if p99 <= ok else WARN if p99 <= warn else FAIL
     basis = f"an endpoint answers in 1-20 ms: the model's p99 within {ok / 1000:.0f} ms passes, within {warn / 1000:.0f} ms warns"
     return [
-        Check("inference.p50", "inference", "single-row predict p50", INFO, "median latency in-process", inf["p50_us"], "µs",
-              higher_is_better=False, detail=detail),
-        Check("inference.p99", "inference", "single-row predict p99", status, f"p99 {p99:,.0f} µs ({p99 / ok:.0%} of the budget)",
-              p99, "µs", ok, basis, p99 / ok, higher_is_better=False, detail=detail),
+        Check(
+            "inference.p50",
+            "inference",
+            "single-row predict p50",
+            INFO,
+            "median latency in-process",
+            inf["p50_us"],
+            "µs",
+            higher_is_better=False,
+            detail=detail,
+        ),
+        Check(
+            "inference.p99",
+            "inference",
+            "single-row predict p99",
+            status,
+            f"p99 {p99:,.0f} µs ({p99 / ok:.0%} of the budget)",
+            p99,
+            "µs",
+            ok,
+            basis,
+            p99 / ok,
+            higher_is_better=False,
+            detail=detail,
+        ),
     ]
 
 
@@ -648,10 +807,10 @@ def measure(
     from . import engine, report
 
     extra = {**(extravars or {}), "smoke_profile": profile, "smoke_mode": "baseline" if baseline else "tuned"}
-    run = engine.run_playbook("smoke.yml", inventory, limit=limit, extravars=extra,
-                              accept_new_host_keys=accept_new_host_keys, on_progress=on_progress)
-    reports = [judge(host, facts["smoke_result"]) for host, facts in sorted(run.facts.items())
-               if facts.get("smoke_result")]
+    run = engine.run_playbook(
+        "smoke.yml", inventory, limit=limit, extravars=extra, accept_new_host_keys=accept_new_host_keys, on_progress=on_progress
+    )
+    reports = [judge(host, facts["smoke_result"]) for host, facts in sorted(run.facts.items()) if facts.get("smoke_result")]
     out = None
     if reports:
         out = report.write_html(reports, html or default_html())

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
@@ -109,10 +110,13 @@ def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] 
         *files,
         f"--hosts=ansible://{limit or 'all'}",
         f"--ansible-inventory={inventory}",
-        "-p", "no:cacheprovider",
+        "-p",
+        "no:cacheprovider",
         "-q",
-        "--rootdir", str(CHECKS),
-        "-o", "python_files=test_*.py",
+        "--rootdir",
+        str(CHECKS),
+        "-o",
+        "python_files=test_*.py",
     ]
     sink = io.StringIO()
     with redirect_stdout(sink), redirect_stderr(sink):

@@ -9,12 +9,13 @@ plan rendered from the plan the host recorded (/etc/provisioner/plan.json).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator
+from typing import Any
 
 import jinja2
-from jinja2.nativetypes import NativeEnvironment
 import yaml
+from jinja2.nativetypes import NativeEnvironment
 
 from .. import paths
 

@@ -84,8 +84,10 @@ def test_no_dropins_for_other_services(host, allocator):
 def test_never_system_wide(host):
     preload = host.file("/etc/ld.so.preload")
     assert not (preload.exists and "jemalloc" in preload.content_string), "/etc/ld.so.preload loads jemalloc"
-    hits = host.run("grep -rlsE 'LD_PRELOAD|jemalloc' /etc/environment /etc/profile /etc/profile.d /etc/bash.bashrc "
-                    "/etc/security/pam_env.conf /etc/environment.d /etc/systemd/system.conf /etc/systemd/system.conf.d").stdout.split()
+    hits = host.run(
+        "grep -rlsE 'LD_PRELOAD|jemalloc' /etc/environment /etc/profile /etc/profile.d /etc/bash.bashrc "
+        "/etc/security/pam_env.conf /etc/environment.d /etc/systemd/system.conf /etc/systemd/system.conf.d"
+    ).stdout.split()
     assert hits == [], f"LD_PRELOAD/jemalloc set system-wide in {hits}"
     if _systemd(host):
         assert "LD_PRELOAD" not in host.check_output("systemctl show-environment")

@@ -77,8 +77,10 @@ def test_tuned_profile_file(host, cpu):
         assert numa == [], "the plan gives no numa_balancing; the profile must leave it alone"
     else:
         assert numa == [f"kernel.numa_balancing={cpu['cpu_tuning_numa_balancing']}"]
-    for key, option in (("governor", "cpu_tuning_governor"),
-                        ("energy_performance_preference", "cpu_tuning_energy_performance_preference")):
+    for key, option in (
+        ("governor", "cpu_tuning_governor"),
+        ("energy_performance_preference", "cpu_tuning_energy_performance_preference"),
+    ):
         if cpu[option] is not None:
             assert f"{key}={cpu[option]}" in lines
 
@@ -130,7 +132,9 @@ def test_live_value(host, cpu, knob, path):
     if str(cpu["cpu_tuning_apply_live"]).lower() == "false":
         pytest.skip("cpu_tuning_apply_live is false: only the persisted configuration applies")
     if not _writable(host, path):
-        pytest.skip(f"{knob} ({path}) is read-only here (a container: the host's kernel owns it); persisted config checked instead")
+        pytest.skip(
+            f"{knob} ({path}) is read-only here (a container: the host's kernel owns it); persisted config checked instead"
+        )
     live = _read(host, path)
     if path.startswith(THP):
         live = _thp_mode(live)
@@ -159,8 +163,11 @@ def test_governor(host, cpu, state_dir):
     assert wrong == {}, f"governor is not {wanted} on {wrong}"
     epp = cpu["cpu_tuning_energy_performance_preference"]
     if epp is not None:
-        values = {p: _read(host, f"{p}/energy_performance_preference")
-                  for p in policies if host.file(f"{p}/energy_performance_preference").exists}
+        values = {
+            p: _read(host, f"{p}/energy_performance_preference")
+            for p in policies
+            if host.file(f"{p}/energy_performance_preference").exists
+        }
         assert {p: v for p, v in values.items() if v != epp} == {}
 
 

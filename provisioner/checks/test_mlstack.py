@@ -66,8 +66,8 @@ def test_system_python_untouched(host, owner):
     """pip never installed into the system Python: no dist-info in its site directories."""
     with as_root(host):
         out = host.check_output(
-            "for d in /usr/local/lib/python3*/dist-packages ~%s/.local/lib/python3*/site-packages; do "
-            "[ -d \"$d\" ] && find \"$d\" -maxdepth 1 -name '*.dist-info'; done; true" % shlex.quote(owner)
+            f"for d in /usr/local/lib/python3*/dist-packages ~{shlex.quote(owner)}/.local/lib/python3*/site-packages; do "
+            '[ -d "$d" ] && find "$d" -maxdepth 1 -name \'*.dist-info\'; done; true'
         )
     assert out.strip() == "", f"packages pip-installed outside the environment: {out.strip()}"
     assert host.run("/usr/bin/python3 -c 'import numpy'").rc != 0, "numpy imports in the system Python"

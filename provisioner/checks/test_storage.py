@@ -161,9 +161,13 @@ def test_mdadm_conf_names_the_array(host, built):
     rule = host.file(UDEV_RULE).content_string
     md_uuid = rule.split('ENV{MD_UUID}=="', 1)[1].split('"', 1)[0]
     hexed = md_uuid.replace(":", "").lower()
-    lines = [ln for ln in f.content_string.splitlines()
-             if ln.startswith("ARRAY ") and "UUID=" in ln
-             and ln.split("UUID=", 1)[1].split()[0].replace(":", "").replace("-", "").lower() == hexed]
+    lines = [
+        ln
+        for ln in f.content_string.splitlines()
+        if ln.startswith("ARRAY ")
+        and "UUID=" in ln
+        and ln.split("UUID=", 1)[1].split()[0].replace(":", "").replace("-", "").lower() == hexed
+    ]
     assert len(lines) == 1, f"{MDADM_CONF} should have exactly one ARRAY line for the array {md_uuid}: {lines}"
 
 

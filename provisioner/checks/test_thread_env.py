@@ -123,7 +123,7 @@ def test_manager_drop_in_sets_default_environment(host, expected):
     assert f.exists and f.user == "root" and f.mode == 0o644
     lines = [line for line in f.content_string.splitlines() if line.startswith("DefaultEnvironment=")]
     assert len(lines) == 1
-    assigned = dict(item.split("=", 1) for item in shlex.split(lines[0][len("DefaultEnvironment="):]))
+    assigned = dict(item.split("=", 1) for item in shlex.split(lines[0][len("DefaultEnvironment=") :]))
     assert assigned == expected
 
 
