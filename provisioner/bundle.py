@@ -48,7 +48,7 @@ from . import paths
 from .errors import BadInput, ProvisionerError
 
 LOCK_SCHEMA = 1
-DEFAULT_LOCK = paths.HOME / "requirements" / "mlstack.lock"
+DEFAULT_LOCK = paths.REQUIREMENTS / "mlstack.lock"
 MANIFEST = "wheelhouse.json"
 DEFAULT_PYTHON = "3.11"
 DEFAULT_GLIBC = "2.28"  # manylinux_2_28: Debian 10+, Ubuntu 18.10+, RHEL 8+

@@ -5,12 +5,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# The Ansible content (roles/, playbooks/, inventories/) lives beside the package.
-HOME = Path(os.environ.get("PROVISIONER_HOME", Path(__file__).resolve().parent.parent))
+
+def _home() -> Path:
+    """The Ansible content: PROVISIONER_HOME, else inside an installed wheel (`_content/`),
+    else the source tree the package sits in."""
+    env = os.environ.get("PROVISIONER_HOME")
+    if env:
+        return Path(env)
+    package = Path(__file__).resolve().parent
+    bundled = package / "_content"
+    return bundled if (bundled / "roles").is_dir() else package.parent
+
+
+HOME = _home()
 ROLES = HOME / "roles"
 PLAYBOOKS = HOME / "playbooks"
 INVENTORIES = HOME / "inventories"
 LOCAL_INVENTORY = INVENTORIES / "local" / "hosts.yml"
+# Modules, module_utils, action and filter plugins, laid out as in an Ansible collection.
+PLUGINS = HOME / "plugins"
+REQUIREMENTS = HOME / "requirements"
 
 
 def state_dir() -> Path:
