@@ -40,4 +40,7 @@ extras=""
 [ "$test" = 1 ] && extras="[test]"
 .venv/bin/pip install --quiet --disable-pip-version-check -e ".${extras}"
 ln -sf "$PWD/.venv/bin/provisioner" /usr/local/bin/provisioner
-echo "installed: $(provisioner --version) ($(.venv/bin/ansible --version | head -n 1))"
+# Whole outputs, first line taken in the shell: a pipe into head can close before the
+# writer is done and make it print a BrokenPipeError traceback.
+ansible_version=$(.venv/bin/ansible --version)
+echo "installed: $(provisioner --version) (${ansible_version%%$'\n'*})"
