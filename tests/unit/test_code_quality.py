@@ -1,0 +1,25 @@
+"""Lint, format and type checks of the control-node package (configured in pyproject.toml)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        pytest.param(["ruff", "check", "provisioner", "hatch_build.py"], id="ruff-check"),
+        pytest.param(["ruff", "format", "--check", "provisioner", "hatch_build.py"], id="ruff-format"),
+        pytest.param(["mypy"], id="mypy"),
+    ],
+)
+def test_the_package_passes(cmd: list[str]) -> None:
+    proc = subprocess.run([str(BIN / cmd[0]), *cmd[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)}:\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}"
