@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import lab
+from provisioner import lab, paths
+from provisioner.lab import processes
 
 pytestmark = pytest.mark.lab
 # Every test here needs lab servers: skip (or, under the test script, fail) naming what is missing.
@@ -126,12 +127,12 @@ def test_down_removes_everything(fresh_lab_server, loop_device: str) -> None:
 
 @needs_lab
 def test_failed_up_cleans_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lab, "SSH_TIMEOUT_S", 0.0)
-    with pytest.raises(lab.LabError, match="pv-test-fail.failed-console.log"):
+    monkeypatch.setattr(processes, "SSH_TIMEOUT_S", 0.0)
+    with pytest.raises(lab.LabError, match=re.escape("pv-test-fail.failed-console.log")):
         lab.up("pv-test-fail")
-    kept = lab.paths.lab_dir() / "pv-test-fail.failed-console.log"
+    kept = paths.lab_dir() / "pv-test-fail.failed-console.log"
     assert "Spawning container pv-test-fail" in kept.read_text()
-    assert not (lab.paths.lab_dir() / "pv-test-fail").exists()
+    assert not (paths.lab_dir() / "pv-test-fail").exists()
     assert not any(s.name == "pv-test-fail" for s in lab.list_servers())
     out = subprocess.run(["pgrep", "-f", "--machine=pv-test-fail"], capture_output=True, text=True)
     assert out.stdout.strip() == ""

@@ -1,0 +1,47 @@
+"""Disposable Debian 12 "lab servers" on this machine: systemd-nspawn over an overlay.
+
+A lab server is a booted Debian 12 (systemd as PID 1, sshd listening) in its own
+network namespace, reachable from the host at 10.213.N.2 with the lab's ssh key and a
+strict, per-server known_hosts file. Its root filesystem is an overlay over one
+read-only rootfs built once with mmdebstrap, so creating one takes about a second and
+throwing it away discards every change.
+
+Layout:
+    cache_dir()/bookworm-KEY.tar.zst   the mmdebstrap tarball (KEY hashes the recipe)
+    cache_dir()/bookworm-KEY/          the extracted rootfs (overlay lowerdir, never written)
+    lab_dir()/id_ed25519[.pub]         the lab key pair (root login on every server)
+    lab_dir()/ip_forward.saved         host's net.ipv4.ip_forward before the first server
+    lab_dir()/NAME/                    upper/ work/ merged/ state.json console.log
+                                       known_hosts inventory.yml ssh_config
+
+Everything needs root, systemd-nspawn, mmdebstrap, iptables, iproute2 and openssh.
+
+Modules:
+    rootfs     the cached rootfs: mmdebstrap from the host's apt sources, tarball, extraction
+    mounts     the overlay over it, and the block devices bound into a server
+    ssh        the lab key, each server's host key and identity, the client files
+    processes  systemd-nspawn: command line, start, PID 1, sshd answering, stop
+    network    veth addresses, ip_forward and the NAT rule (saved and restored)
+    state      LabServer, NAME/state.json, the listing
+    server     up, down and the lab lock, composed from the above
+"""
+
+from __future__ import annotations
+
+from .common import LabError, missing_requirement
+from .network import NAT_COMMENT
+from .rootfs import ensure_rootfs
+from .server import down, frozen, up
+from .state import LabServer, list_servers
+
+__all__ = [
+    "NAT_COMMENT",
+    "LabError",
+    "LabServer",
+    "down",
+    "ensure_rootfs",
+    "frozen",
+    "list_servers",
+    "missing_requirement",
+    "up",
+]

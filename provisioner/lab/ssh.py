@@ -1,0 +1,116 @@
+"""Reaching a lab server over ssh: the lab key pair, each server's own host key and identity
+inside its overlay, and the files a client uses (known_hosts, inventory.yml, ssh_config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner import paths
+from provisioner.system import run
+
+from .common import LabError, write_file
+
+
+def lab_key() -> Path:
+    """The lab key pair (one per lab dir, generated once)."""
+    key = paths.lab_dir() / "id_ed25519"
+    if not key.is_file():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.with_name(key.name + ".pub").unlink(missing_ok=True)
+        run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "provisioner-lab", "-f", str(key)],
+            "generating the lab ssh key failed",
+            error=LabError,
+        )
+    return key
+
+
+def _host_key(merged: Path, name: str) -> list[str]:
+    """A fresh ed25519 sshd host key inside the overlay; returns [type, base64]."""
+    ssh_dir = merged / "etc" / "ssh"
+    for old in ssh_dir.glob("ssh_host_*"):
+        old.unlink()
+    key = ssh_dir / "ssh_host_ed25519_key"
+    run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)],
+        f"generating the host key for {name} failed",
+        error=LabError,
+    )
+    write_file(
+        ssh_dir / "sshd_config.d" / "provisioner-lab.conf",
+        "# written by provisioner lab: only this server's own host key\nHostKey /etc/ssh/ssh_host_ed25519_key\n",
+    )
+    return key.with_name(key.name + ".pub").read_text().split()[:2]
+
+
+def _replace_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write a file in the overlay, replacing a symlink if there is one."""
+    if path.is_symlink():
+        path.unlink()
+    write_file(path, text, mode)
+
+
+def _enable_sshd(merged: Path) -> None:
+    wants = merged / "etc" / "systemd" / "system" / "multi-user.target.wants"
+    wants.mkdir(parents=True, exist_ok=True)
+    link = wants / "ssh.service"
+    if not link.is_symlink():
+        link.symlink_to("/lib/systemd/system/ssh.service")
+
+
+def prepare_overlay(merged: Path, name: str, lab_pub: str) -> list[str]:
+    """Hostname, host key, root's authorized key, resolv.conf, sshd enabled; returns the host key."""
+    _replace_file(merged / "etc" / "hostname", f"{name}\n")
+    hosts = merged / "etc" / "hosts"
+    base = hosts.read_text() if hosts.is_file() else "127.0.0.1\tlocalhost\n"
+    _replace_file(hosts, base.rstrip("\n") + f"\n127.0.1.1\t{name}\n")
+    host_key = _host_key(merged, name)
+    ssh_root = merged / "root" / ".ssh"
+    ssh_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ssh_root.chmod(0o700)
+    write_file(ssh_root / "authorized_keys", lab_pub, 0o600)
+    _replace_file(merged / "etc" / "resolv.conf", Path("/etc/resolv.conf").read_text())
+    _enable_sshd(merged)
+    return host_key
+
+
+def inventory(name: str, address: str, key: Path, known_hosts: Path) -> dict[str, Any]:
+    """An Ansible inventory with the one server in group `lab`, its host key checked strictly."""
+    ssh_opts = f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes -o ControlMaster=no -o ControlPath=none"
+    host = {
+        "ansible_host": address,
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(key),
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "ansible_ssh_common_args": ssh_opts,
+    }
+    return {"all": {"children": {"lab": {"hosts": {name: host}}}}}
+
+
+def ssh_config(name: str, address: str, key: Path, known_hosts: Path) -> str:
+    """An ssh_config stanza for `ssh -F FILE NAME`: root with the lab key, strict host key, no prompts."""
+    return (
+        f"Host {name}\n"
+        f"  HostName {address}\n"
+        "  User root\n"
+        f"  IdentityFile {key}\n"
+        "  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {known_hosts}\n"
+        "  GlobalKnownHostsFile /dev/null\n"
+        "  StrictHostKeyChecking yes\n"
+        "  ControlMaster no\n"
+        "  ControlPath none\n"
+        "  BatchMode yes\n"
+        "  LogLevel ERROR\n"
+    )
+
+
+def write_client_files(root: Path, name: str, address: str, key: Path, host_key: list[str]) -> None:
+    """ROOT/known_hosts, ROOT/inventory.yml and ROOT/ssh_config for server NAME."""
+    known_hosts = root / "known_hosts"
+    write_file(known_hosts, f"{address} {host_key[0]} {host_key[1]}\n")
+    write_file(root / "inventory.yml", yaml.safe_dump(inventory(name, address, key, known_hosts), sort_keys=False))
+    write_file(root / "ssh_config", ssh_config(name, address, key, known_hosts))
