@@ -5,7 +5,8 @@ roles/plan/library/provisioner_facts.py) and :class:`PlanOptions` (the ``plan_*`
 Output: a :class:`Plan`; its ``to_dict()`` is what the CLI prints and what the roles receive
 as the ``provisioner_plan`` fact (they read ``values``).  No I/O here.
 
-Every rule cites the line of shared/TUNING.md it comes from.
+Every rule, its reason and its source are written out in docs/tuning.md; each function below
+cites its section, and each setting's reason names the same source in one line.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ class PlanError(BadInput):
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """The ``plan_*`` variables, validated.  Field ``x`` is the variable ``plan_x``."""
+    """The ``plan_*`` variables, validated.  Field ``x`` is the variable ``plan_x``.
+
+    The limits checked here (trials, hugepages share, data mount point) are explained in
+    docs/tuning.md, 'Threads', 'Hugepages' and 'Data mount'.
+    """
 
     trials: int | None = None
     allow_oversubscription: bool = False
@@ -290,7 +295,7 @@ def _gib(size: float) -> str:
 
 
 def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
-    """Threads per job, parallel trials, threads per trial (TUNING.md: Threads and runtimes)."""
+    """Threads per job, parallel trials, threads per trial.  See docs/tuning.md, 'Threads'."""
     cores = _need(facts, "cpu.cores")
     threads = _need(facts, "cpu.threads")
     if not isinstance(cores, int) or cores < 1:
@@ -348,7 +353,7 @@ def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
 
 
 def plan_thp(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
-    """Transparent huge pages (TUNING.md: THP)."""
+    """Transparent huge pages.  See docs/tuning.md, 'Transparent huge pages'."""
     reasons = {
         "madvise": "madvise: numpy asks for huge pages on arrays >= 4 MB (madvise); always can bloat "
         "memory (kernel transhuge docs; pytorch PR 115990)",
@@ -376,7 +381,7 @@ def plan_thp(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]
 
 
 def plan_hugepages(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
-    """Explicit hugepages (TUNING.md: vm.nr_hugepages, 1 GiB hugepages)."""
+    """Explicit hugepages (2M at run time, 1G on the kernel command line).  See docs/tuning.md, 'Hugepages'."""
     none_reason = (
         "0: no named consumer uses hugetlbfs; numpy and torch use anonymous memory (THP), and reserved "
         "pages are lost to everything else (RHEL performance tuning guide)"
@@ -423,7 +428,8 @@ def plan_hugepages(facts: Mapping[str, Any], options: PlanOptions, warnings: lis
 
 
 def plan_reboot(settings: list[Setting]) -> Setting:
-    """What needs a reboot to take effect; the roles report it and never reboot on their own."""
+    """What needs a reboot to take effect; the roles report it and never reboot on their own.
+    See docs/tuning.md, 'Reboots'."""
     needs = [s.key for s in settings if s.key == "hugepages_1g" and s.value]
     if needs:
         return Setting("reboot_required_for", needs, f"{', '.join(needs)}: kernel command line only")
@@ -431,7 +437,7 @@ def plan_reboot(settings: list[Setting]) -> Setting:
 
 
 def plan_cpufreq(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
-    """Governor, EPP, boost (TUNING.md: CPU frequency)."""
+    """Governor, EPP, boost.  See docs/tuning.md, 'CPU frequency'."""
     driver = _get(facts, "cpufreq.driver")
     virt = _get(facts, "virtualization.vm") or _get(facts, "virtualization.type", "none")
     if not driver:
@@ -479,7 +485,7 @@ TUNED_REASONS = {
 
 
 def plan_os(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
-    """tuned profile, swappiness, NUMA balancing (TUNING.md: Operating system)."""
+    """tuned profile, swappiness, NUMA balancing.  See docs/tuning.md, 'Operating system'."""
     profile = options.tuned_profile
     default = " (default)" if profile == "throughput-performance" else " (plan_tuned_profile)"
     settings = [
@@ -508,7 +514,7 @@ def plan_os(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str])
 
 
 def plan_runtimes(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
-    """BLAS, OpenMP runtime, KMP_*, binding, allocator (TUNING.md: Threads and runtimes)."""
+    """BLAS, OpenMP runtime, KMP_*, binding, allocator.  See docs/tuning.md, 'Runtimes'."""
     vendor = _get(facts, "cpu.vendor", "unknown")
     if vendor == "AuthenticAMD":
         blas = Setting(
@@ -562,7 +568,7 @@ def plan_runtimes(facts: Mapping[str, Any], options: PlanOptions, warnings: list
 
 def stable_id(device: Mapping[str, Any]) -> tuple[str, bool]:
     """The name to use for a drive: a /dev/disk/by-id link (facts sort them best first), else the
-    kernel path.  Returns (path, stable)."""
+    kernel path.  Returns (path, stable).  See docs/tuning.md, 'Which drives'."""
     by_id = [link for link in device.get("by_id") or [] if "-part" not in link]
     if by_id:
         return by_id[0], True
@@ -570,7 +576,8 @@ def stable_id(device: Mapping[str, Any]) -> tuple[str, bool]:
 
 
 def exclusion_reason(device: Mapping[str, Any], explicit: bool = False) -> str | None:
-    """Why a drive is not free for a new data array, or None when it is."""
+    """Why a drive is not free for a new data array, or None when it is.
+    See docs/tuning.md, 'Which drives'."""
     if device.get("root_disk"):
         return "root disk: holds /, /boot or /boot/efi"
     if device.get("mounted") or device.get("mountpoints"):
@@ -608,8 +615,9 @@ def _find_device(devices: list[Mapping[str, Any]], wanted: str) -> Mapping[str, 
 
 
 def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> dict[str, Any]:
-    """A proposal for the data array (TUNING.md: Storage).  Never confirmed here: the storage role
-    builds nothing until the user confirms; drives in any use are never proposed."""
+    """A proposal for the data array.  Never confirmed here: the storage role builds nothing
+    until the user confirms; drives in any use are never proposed.  See docs/tuning.md,
+    'Storage' ('Which drives', 'Level and backend', 'Layout')."""
     devices = list(_get(facts, "block_devices", []) or [])
     level, backend = options.storage_level, options.storage_backend
     excluded: list[dict[str, Any]] = []
@@ -733,7 +741,8 @@ CONCERNS: tuple[Callable[[Mapping[str, Any], PlanOptions, list[str]], list[Setti
 
 
 def derive_plan(facts: Mapping[str, Any], options: PlanOptions | None = None) -> Plan:
-    """Facts + options -> Plan.  Raises PlanError (one line) for bad input."""
+    """Facts + options -> Plan.  Raises PlanError (one line) for bad input.
+    The virtualization warning: docs/tuning.md, 'Virtualization'."""
     options = options if options is not None else PlanOptions()
     check_facts(facts)
     warnings: list[str] = []

@@ -3,7 +3,7 @@
 Pure functions (evaluate, peak derivation, regression and baseline comparison) plus the
 small history store under the state directory. The figures come from
 roles/smoke/files/provisioner_smoke.py on the target; limits and their derivation follow
-the "Physical limits" table of the tuning reference:
+docs/tuning.md, 'Smoke test limits' (which also gives each grade's reason and source):
 
 - compute peak = cores x FP64 FLOPs/cycle x clock (FP32: twice), the clock measured under
   DGEMM load where a cpufreq driver reports it, else the nominal clock (and the report says so);
