@@ -11,8 +11,8 @@ asserts nothing. Cleans up everything it made (mount, loop devices, files), also
 
 Both members live on this host's one disk, so RAID0 cannot add bandwidth here: the figure shows the
 overhead (or not) of the btrfs RAID0 layer over the same disk. On a server with two NVMe drives on
-separate lanes the same comparison shows the striping gain (TUNING.md: RAID0 of 2 >= 1.8x one drive
-if CPU-attached).
+separate lanes the same comparison shows the striping gain: two CPU-attached drives
+in RAID0 should read at least 1.8x one drive (docs/tuning.md, 'Layout', on where drives hang).
 
 Usage: python benchmarks/storage_read.py [--runs 5] [--warmup 1] [--size-mib 2048] [--dir /var/tmp] [--tool auto|fio|dd]
 Needs root, losetup and mkfs.btrfs (apt-get install btrfs-progs; fio optional).
