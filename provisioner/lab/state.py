@@ -14,11 +14,11 @@ from provisioner import paths
 from .common import LabError, write_file
 from .processes import is_our_nspawn
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
 
 def validate_name(name: str) -> None:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise LabError(f"bad lab server name {name!r}: use 1-31 characters, a-z, 0-9 and '-', starting with a letter")
 
 
