@@ -13,107 +13,26 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from . import paths
-from .errors import BadInput, ExitCode, ProvisionerError
+from .errors import BadInput, ProvisionerError
+from .runs import Change, Diff, HostResult, ProgressCallback, RunResult
+from .system import locked
 
 # Keep this many runs' artifacts (events, stdout) in the state directory.
 KEEP_ARTIFACTS = 20
 
-# The role that validates input and derives the plan; it changes nothing, so a failure
-# there (or in any role's preflight phase, which site.yml runs first) is bad input refused
-# before any host was touched.
-PLAN_ROLE = "plan"
+# A play-level variable that marks a play as the input check: read-only (the plan, every
+# role's preflight), so any failure in it is bad input refused before a host was changed.
+INPUT_CHECK_VAR = "provisioner_input_check"
 
 # Tags every playbook accepts without a role declaring them.
 _BUILTIN_TAGS = {"all", "always", "never", "tagged", "untagged"}
-
-
-@dataclass
-class HostResult:
-    host: str
-    ok: int = 0
-    changed: int = 0
-    failed: int = 0
-    unreachable: int = 0
-    skipped: int = 0
-    refused: int = 0  # failures of the plan role: bad input, found before anything changed
-    task: str = ""
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def status(self) -> str:
-        if self.unreachable:
-            return "unreachable"
-        if self.failed and self.failed == self.refused:
-            return "refused"
-        if self.failed:
-            return "failed"
-        return "changed" if self.changed else "ok"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "status": self.status,
-            "ok": self.ok,
-            "changed": self.changed,
-            "failed": self.failed,
-            "unreachable": self.unreachable,
-            "skipped": self.skipped,
-            "refused": self.refused,
-            "errors": self.errors,
-        }
-
-
-@dataclass
-class Change:
-    host: str
-    task: str
-    diff: list[dict[str, Any]]
-
-
-@dataclass
-class RunResult:
-    playbook: str
-    check: bool
-    rc: int
-    hosts: dict[str, HostResult]
-    facts: dict[str, dict[str, Any]]
-    changes: list[Change]
-    artifact_dir: Path
-    seconds: float
-    hostvars: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if any(h.unreachable for h in self.hosts.values()):
-            return ExitCode.UNREACHABLE
-        if any(h.status == "refused" for h in self.hosts.values()) and not any(h.status == "failed" for h in self.hosts.values()):
-            return ExitCode.BAD_INPUT
-        if any(h.failed for h in self.hosts.values()) or self.rc != 0:
-            return ExitCode.HOST_FAILED
-        return ExitCode.OK
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "playbook": self.playbook,
-            "check": self.check,
-            "rc": self.rc,
-            "exit_code": int(self.exit_code),
-            "seconds": round(self.seconds, 2),
-            "artifact_dir": str(self.artifact_dir),
-            "hosts": {name: h.to_dict() for name, h in self.hosts.items()},
-            "changes": [{"host": c.host, "task": c.task, "diff": c.diff} for c in self.changes],
-        }
-
-
-ProgressCallback = Callable[[HostResult], None]
 
 
 # ---------------------------------------------------------------- validation
@@ -237,6 +156,11 @@ def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
     return {
         **_inventory_env(),
         "ANSIBLE_ROLES_PATH": str(paths.ROLES),
+        # The roles' modules and plugins, laid out as in the provisioner.ml collection.
+        "ANSIBLE_LIBRARY": str(paths.PLUGINS / "modules"),
+        "ANSIBLE_MODULE_UTILS": str(paths.PLUGINS / "module_utils"),
+        "ANSIBLE_ACTION_PLUGINS": str(paths.PLUGINS / "action"),
+        "ANSIBLE_FILTER_PLUGINS": str(paths.PLUGINS / "filter"),
         "ANSIBLE_HOST_KEY_CHECKING": "True",
         # Options given first win in ssh: these hold whatever an inventory adds later.
         # No ControlPersist: nothing is left running after the command ends.
@@ -281,7 +205,7 @@ def run_playbook(
     # -e from an earlier run would silently apply to this one.
     private = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
     ident = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
-    collector = _EventCollector(on_progress)
+    collector = _EventCollector(on_progress, input_check_plays(book))
     cmdline = " ".join(["--check --diff" if check else "", *(["-" + "v" * verbosity] if verbosity else [])])
     started = time.monotonic()
     try:
@@ -328,31 +252,46 @@ def run_playbook(
 
 
 def rotate_artifacts(artifacts: Path, keep: int) -> None:
-    """Keep the newest `keep` run directories; one run at a time prunes (an flock), and a
+    """Keep the newest `keep` run directories; one run at a time prunes (a file lock), and a
     directory that vanishes meanwhile is not an error."""
-    import fcntl
-
     if not artifacts.is_dir():
         return
-    with open(artifacts / ".rotate.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
 
-        def age(p: Path) -> float:
-            try:
-                return p.stat().st_mtime
-            except FileNotFoundError:
-                return 0.0
+    def age(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
 
+    with locked(artifacts / ".rotate.lock"):
         runs = sorted((p for p in artifacts.iterdir() if p.is_dir()), key=age, reverse=True)
         for old in runs[keep:]:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def input_check_plays(book: Path) -> frozenset[int]:
+    """Positions (0-based, in run order) of the plays of a playbook that set INPUT_CHECK_VAR."""
+    marked: list[bool] = []
+
+    def walk(path: Path) -> None:
+        for play in yaml.safe_load(path.read_text()) or []:
+            imported = play.get("import_playbook") or play.get("ansible.builtin.import_playbook")
+            if imported:
+                walk(path.parent / imported)
+            else:
+                marked.append(bool((play.get("vars") or {}).get(INPUT_CHECK_VAR)))
+
+    walk(book)
+    return frozenset(i for i, m in enumerate(marked) if m)
+
+
 class _EventCollector:
     """Folds ansible-runner events into per-host counters, facts, diffs and errors."""
 
-    def __init__(self, on_progress: ProgressCallback | None):
+    def __init__(self, on_progress: ProgressCallback | None, input_plays: frozenset[int] = frozenset()):
         self.on_progress = on_progress
+        self.input_plays = input_plays
+        self.plays: dict[str, int] = {}  # play uuid -> position in the run
         self.hosts: dict[str, HostResult] = {}
         self.facts: dict[str, dict[str, Any]] = {}
         self.changes: list[Change] = []
@@ -365,6 +304,9 @@ class _EventCollector:
     def handle(self, event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {}) or {}
+        if kind == "playbook_on_play_start":
+            # A play run in batches (serial) starts again under "<uuid>_<n>": the same play.
+            self.plays.setdefault(_play_id(data), len(self.plays))
         host_name = data.get("host")
         if not host_name or not kind.startswith("runner_"):
             return True
@@ -380,7 +322,7 @@ class _EventCollector:
                 host.ok += 1
             else:
                 host.failed += 1
-                if _is_preflight(data):
+                if self._is_input_check(data):
                     host.refused += 1
                 host.errors.append(f"{task}: {_failure_message(res)}")
         elif kind == "runner_on_unreachable":
@@ -401,18 +343,36 @@ class _EventCollector:
             host.ok += 1
         if res.get("ansible_facts"):
             self.facts.setdefault(host.host, {}).update(res["ansible_facts"])
-        diffs = res.get("diff")
-        if res.get("changed") and diffs:
-            self.changes.append(Change(host.host, task, diffs if isinstance(diffs, list) else [diffs]))
-        elif res.get("changed"):
-            self.changes.append(Change(host.host, task, []))
+        if res.get("changed"):
+            self.changes.append(Change(host.host, task, diffs_of(res.get("diff"))))
+
+    def _is_input_check(self, data: dict[str, Any]) -> bool:
+        """Bad input: a failure in a play marked as the input check, or a role's argument spec refusing an option."""
+        validation = str(data.get("resolved_action") or data.get("task_action") or "").endswith("validate_argument_spec")
+        return validation or self.plays.get(_play_id(data)) in self.input_plays
 
 
-def _is_preflight(data: dict[str, Any]) -> bool:
-    """A failure before anything changed: the plan role, or a role's read-only preflight phase."""
-    path = str(data.get("task_path") or "").rsplit(":", 1)[0]
-    validation = str(data.get("resolved_action") or data.get("task_action") or "").endswith("validate_argument_spec")
-    return data.get("role") == PLAN_ROLE or path.endswith("/tasks/preflight.yml") or validation
+def _play_id(data: dict[str, Any]) -> str:
+    return str(data.get("play_uuid") or data.get("uuid") or "").split("_", 1)[0]
+
+
+def diffs_of(raw: Any) -> list[Diff]:
+    """Ansible's diff results (a dict or a list of them) as before/after text."""
+    out = []
+    for d in raw if isinstance(raw, list) else [raw] if raw else []:
+        if not isinstance(d, dict):
+            continue
+        if "prepared" in d:
+            out.append(Diff(text=str(d["prepared"]).rstrip()))
+            continue
+        before, after = d.get("before", ""), d.get("after", "")
+        if isinstance(before, dict) or isinstance(after, dict):
+            b, a = before or {}, after or {}
+            keys = sorted(k for k in set(b) | set(a) if b.get(k) != a.get(k))
+            before = "".join(f"{k}: {b.get(k)!r}\n" for k in keys)
+            after = "".join(f"{k}: {a.get(k)!r}\n" for k in keys)
+        out.append(Diff(str(before), str(after), str(d.get("before_header", "before")), str(d.get("after_header", "after"))))
+    return out
 
 
 def _failure_message(res: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
-"""Terminal rendering with rich: tables, live progress, diffs. Knows nothing of Ansible."""
+"""Terminal rendering with rich: tables, live progress, diffs, from plain data; knows nothing of Ansible."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .engine import HostResult, RunResult
+from .runs import Diff, HostResult, RunResult
 from .verify import VerifyResult
 
 console = Console()
@@ -100,23 +101,14 @@ def changes(result: RunResult) -> None:
                 console.print(Text(text, style="dim"))
 
 
-def _diff_text(diff: dict[str, Any]) -> str:
-    if "prepared" in diff:
-        return str(diff["prepared"]).rstrip()
-    before, after = diff.get("before", ""), diff.get("after", "")
-    if isinstance(before, dict) or isinstance(after, dict):
-        keys = sorted(set(before or {}) | set(after or {}))
-        return "\n".join(
-            f"  {k}: {before.get(k) if before else None!r} -> {after.get(k) if after else None!r}"
-            for k in keys
-            if (before or {}).get(k) != (after or {}).get(k)
-        )
-    if before == after:
+def _diff_text(diff: Diff) -> str:
+    if diff.text:
+        return diff.text
+    if diff.before == diff.after:
         return ""
-    import difflib
-
-    header = (diff.get("before_header", "before"), diff.get("after_header", "after"))
-    lines = difflib.unified_diff(str(before).splitlines(), str(after).splitlines(), header[0], header[1], lineterm="")
+    lines = difflib.unified_diff(
+        diff.before.splitlines(), diff.after.splitlines(), diff.before_header, diff.after_header, lineterm=""
+    )
     return "\n".join("  " + ln for ln in lines)
 
 

@@ -1,0 +1,114 @@
+"""A playbook run's outcome as plain data: per-host counts, changes with before/after text.
+
+The engine builds these from ansible-runner's events; the renderer and the commands read
+them without knowing anything of Ansible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ExitCode
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    refused: int = 0  # failures of the input check: bad input, found before anything changed
+    task: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.failed and self.failed == self.refused:
+            return "refused"
+        if self.failed:
+            return "failed"
+        return "changed" if self.changed else "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "status": self.status,
+            "ok": self.ok,
+            "changed": self.changed,
+            "failed": self.failed,
+            "unreachable": self.unreachable,
+            "skipped": self.skipped,
+            "refused": self.refused,
+            "errors": self.errors,
+        }
+
+
+@dataclass(frozen=True)
+class Diff:
+    """What a change did to one thing: its text before and after, or a ready-made summary."""
+
+    before: str = ""
+    after: str = ""
+    before_header: str = "before"
+    after_header: str = "after"
+    text: str = ""  # a summary the module wrote itself (e.g. the packages apt installs)
+
+
+@dataclass
+class Change:
+    host: str
+    task: str
+    diff: list[Diff] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "task": self.task, "diff": [asdict(d) for d in self.diff]}
+
+
+@dataclass
+class RunResult:
+    playbook: str
+    check: bool
+    rc: int
+    hosts: dict[str, HostResult]
+    facts: dict[str, dict[str, Any]]
+    changes: list[Change]
+    artifact_dir: Path
+    seconds: float
+    hostvars: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if any(h.unreachable for h in self.hosts.values()):
+            return ExitCode.UNREACHABLE
+        if any(h.status == "refused" for h in self.hosts.values()) and not any(h.status == "failed" for h in self.hosts.values()):
+            return ExitCode.BAD_INPUT
+        if any(h.failed for h in self.hosts.values()) or self.rc != 0:
+            return ExitCode.HOST_FAILED
+        return ExitCode.OK
+
+    @property
+    def errors(self) -> list[str]:
+        """Every host's one-line errors, host by host."""
+        return [e for h in self.hosts.values() for e in h.errors]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "playbook": self.playbook,
+            "check": self.check,
+            "rc": self.rc,
+            "exit_code": int(self.exit_code),
+            "seconds": round(self.seconds, 2),
+            "artifact_dir": str(self.artifact_dir),
+            "hosts": {name: h.to_dict() for name, h in self.hosts.items()},
+            "changes": [c.to_dict() for c in self.changes],
+        }
+
+
+ProgressCallback = Callable[[HostResult], None]
