@@ -1,7 +1,7 @@
 """The tuning plan: pure functions from hardware facts to settings, each with its reason.
 
 Input: the ``provisioner_hardware`` facts (schema 1, gathered on the target by
-roles/plan/library/provisioner_facts.py) and :class:`PlanOptions` (the ``plan_*`` variables).
+plugins/modules/provisioner_facts.py) and :class:`PlanOptions` (the ``plan_*`` variables).
 Output: a :class:`Plan`; its ``to_dict()`` is what the CLI prints and what the roles receive
 as the ``provisioner_plan`` fact (they read ``values``).  No I/O here.
 

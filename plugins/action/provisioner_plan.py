@@ -74,7 +74,7 @@ from ansible.plugins.action import ActionBase
 try:
     from provisioner.plan import PlanError, PlanOptions, derive_plan
 except ImportError:  # plain ansible-playbook without the package installed: use the checkout's copy
-    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
     from provisioner.plan import PlanError, PlanOptions, derive_plan
 
 

@@ -88,8 +88,6 @@ import json
 import os
 import platform
 import re
-import shutil
-import subprocess
 
 try:  # optional, only a fall-back
     import cpuinfo  # py-cpuinfo
@@ -102,6 +100,13 @@ except Exception:  # pragma: no cover - depends on the target
     psutil = None
 
 from ansible.module_utils.basic import AnsibleModule
+
+try:  # installed as the provisioner.ml collection
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
+        parse_mountinfo, path_in, read_line, read_text, run, to_int)
+except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
+    from ansible.module_utils.provisioner_common import (
+        parse_mountinfo, path_in, read_line, read_text, run, to_int)
 
 SCHEMA = 1
 ROOT_MOUNTPOINTS = ("/", "/boot", "/boot/efi")
@@ -120,34 +125,6 @@ BY_ID_RANK = (("wwn-", 0), ("nvme-eui.", 1), ("nvme-nvme.", 2), ("nvme-", 3), ("
 # --------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------
-
-
-def _path(root, path):
-    """``path`` (absolute) inside ``root``."""
-    return os.path.join(root, path.lstrip("/"))
-
-
-def _read(root, path, default=None):
-    try:
-        with open(_path(root, path), "r", encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except (OSError, IOError):
-        return default
-
-
-def _read_line(root, path, default=None):
-    text = _read(root, path)
-    if text is None:
-        return default
-    text = text.strip()
-    return text if text else default
-
-
-def _to_int(value, default=None):
-    try:
-        return int(str(value).strip())
-    except (TypeError, ValueError):
-        return default
 
 
 def _to_bool(value):
@@ -231,7 +208,7 @@ def parse_cpuinfo(text):
     if current:
         blocks.append(current)
 
-    processors = [b for b in blocks if "processor" in b and _to_int(b.get("processor")) is not None]
+    processors = [b for b in blocks if "processor" in b and to_int(b.get("processor")) is not None]
     first = processors[0] if processors else (blocks[0] if blocks else {})
     flags_text = first.get("flags") or first.get("features") or ""
     packages = set()
@@ -247,9 +224,9 @@ def parse_cpuinfo(text):
     return {
         "vendor": first.get("vendor_id") or first.get("cpu implementer"),
         "model_name": model_name,
-        "family": _to_int(first.get("cpu family")),
-        "model": _to_int(first.get("model")),
-        "stepping": _to_int(first.get("stepping")),
+        "family": to_int(first.get("cpu family")),
+        "model": to_int(first.get("model")),
+        "stepping": to_int(first.get("stepping")),
         "flags": sorted(set(flags_text.split())),
         "threads": len(processors),
         "sockets": len(packages) or None,
@@ -273,25 +250,25 @@ def isa_from_flags(flags):
 def parse_topology(root="/"):
     """Sockets, cores and threads from /sys/devices/system/cpu/cpuN/topology (online CPUs)."""
     base = "/sys/devices/system/cpu"
-    online = parse_cpu_list(_read_line(root, base + "/online", ""))
+    online = parse_cpu_list(read_line(root, base + "/online", ""))
     if not online:
         online = sorted(
-            _to_int(os.path.basename(p)[3:])
-            for p in glob.glob(_path(root, base + "/cpu[0-9]*"))
-            if _to_int(os.path.basename(p)[3:]) is not None
+            to_int(os.path.basename(p)[3:])
+            for p in glob.glob(path_in(root, base + "/cpu[0-9]*"))
+            if to_int(os.path.basename(p)[3:]) is not None
         )
     packages, cores = set(), set()
     for cpu in online:
         topo = "%s/cpu%d/topology" % (base, cpu)
-        package = _read_line(root, topo + "/physical_package_id")
-        siblings = _read_line(root, topo + "/core_cpus_list") or _read_line(root, topo + "/thread_siblings_list")
+        package = read_line(root, topo + "/physical_package_id")
+        siblings = read_line(root, topo + "/core_cpus_list") or read_line(root, topo + "/thread_siblings_list")
         if package is None and siblings is None:
             continue
         packages.add(package)
         if siblings is not None:
             cores.add(tuple(parse_cpu_list(siblings)))
         else:
-            cores.add((package, _read_line(root, topo + "/die_id"), _read_line(root, topo + "/core_id")))
+            cores.add((package, read_line(root, topo + "/die_id"), read_line(root, topo + "/core_id")))
     return {
         "threads": len(online) or None,
         "sockets": len(packages - {None}) or None,
@@ -304,10 +281,10 @@ def parse_caches(root="/", cpu=0):
     """Cache sizes from sysfs: L1d and L2 per core, L3 per instance and in total."""
     base = "/sys/devices/system/cpu"
     caches = {"l1d_kb": None, "l2_kb": None, "l3_kb": None, "l3_instances": None, "l3_total_kb": None}
-    for index in sorted(glob.glob(_path(root, "%s/cpu%d/cache/index[0-9]*" % (base, cpu)))):
-        level = _to_int(_read_line("/", index + "/level"))
-        kind = (_read_line("/", index + "/type") or "").lower()
-        size = parse_size_kb(_read_line("/", index + "/size"))
+    for index in sorted(glob.glob(path_in(root, "%s/cpu%d/cache/index[0-9]*" % (base, cpu)))):
+        level = to_int(read_line("/", index + "/level"))
+        kind = (read_line("/", index + "/type") or "").lower()
+        size = parse_size_kb(read_line("/", index + "/size"))
         if level == 1 and kind == "data":
             caches["l1d_kb"] = size
         elif level == 2 and kind in ("unified", "data"):
@@ -316,7 +293,7 @@ def parse_caches(root="/", cpu=0):
             caches["l3_kb"] = size
     if caches["l3_kb"] is not None:
         instances = set()
-        for path in glob.glob(_path(root, base + "/cpu[0-9]*/cache/index3/shared_cpu_list")):
+        for path in glob.glob(path_in(root, base + "/cpu[0-9]*/cache/index3/shared_cpu_list")):
             with open(path) as handle:
                 instances.add(handle.read().strip())
         caches["l3_instances"] = len(instances) or 1
@@ -325,16 +302,16 @@ def parse_caches(root="/", cpu=0):
 
 
 def count_numa_nodes(root="/"):
-    online = _read_line(root, "/sys/devices/system/node/online")
+    online = read_line(root, "/sys/devices/system/node/online")
     if online:
         return len(parse_cpu_list(online)) or 1
-    nodes = glob.glob(_path(root, "/sys/devices/system/node/node[0-9]*"))
+    nodes = glob.glob(path_in(root, "/sys/devices/system/node/node[0-9]*"))
     return len(nodes) or 1
 
 
 def max_mhz_from(root="/", cpu=0):
     for name in ("cpuinfo_max_freq", "scaling_max_freq"):
-        khz = _to_int(_read_line(root, "/sys/devices/system/cpu/cpu%d/cpufreq/%s" % (cpu, name)))
+        khz = to_int(read_line(root, "/sys/devices/system/cpu/cpu%d/cpufreq/%s" % (cpu, name)))
         if khz:
             return round(khz / 1000.0, 1)
     return None
@@ -348,7 +325,7 @@ def mhz_from_model_name(model_name):
 
 def gather_cpu(root="/", warnings=None):
     warnings = warnings if warnings is not None else []
-    info = parse_cpuinfo(_read(root, "/proc/cpuinfo", ""))
+    info = parse_cpuinfo(read_text(root, "/proc/cpuinfo", ""))
     topo = parse_topology(root)
     live = root == "/"
 
@@ -418,7 +395,7 @@ def parse_meminfo(text):
         parts = rest.split()
         if not parts:
             continue
-        number = _to_int(parts[0])
+        number = to_int(parts[0])
         if number is None:
             continue
         if len(parts) > 1 and parts[1].lower() == "kb":
@@ -429,7 +406,7 @@ def parse_meminfo(text):
 
 def gather_memory(root="/", flags=(), warnings=None):
     warnings = warnings if warnings is not None else []
-    meminfo = parse_meminfo(_read(root, "/proc/meminfo", ""))
+    meminfo = parse_meminfo(read_text(root, "/proc/meminfo", ""))
     total = meminfo.get("MemTotal")
     if not total and root == "/" and psutil is not None:
         total = psutil.virtual_memory().total
@@ -438,13 +415,13 @@ def gather_memory(root="/", flags=(), warnings=None):
         total = 0
     hp_base = "/sys/kernel/mm/hugepages"
     sizes = sorted(
-        _to_int(os.path.basename(p)[len("hugepages-"):-2])
-        for p in glob.glob(_path(root, hp_base + "/hugepages-*kB"))
+        to_int(os.path.basename(p)[len("hugepages-"):-2])
+        for p in glob.glob(path_in(root, hp_base + "/hugepages-*kB"))
     )
     sizes = [s for s in sizes if s]
     nr = {}
     for size in sizes:
-        nr[size] = _to_int(_read_line(root, "%s/hugepages-%dkB/nr_hugepages" % (hp_base, size)), 0)
+        nr[size] = to_int(read_line(root, "%s/hugepages-%dkB/nr_hugepages" % (hp_base, size)), 0)
     hugepage_size_kb = (meminfo.get("Hugepagesize") or 2048 * 1024) // 1024
     return {
         "total_bytes": total,
@@ -462,7 +439,7 @@ def gather_cpufreq(root="/"):
     base = "/sys/devices/system/cpu"
     policy = None
     for candidate in (base + "/cpu0/cpufreq", base + "/cpufreq/policy0"):
-        if os.path.isdir(_path(root, candidate)):
+        if os.path.isdir(path_in(root, candidate)):
             policy = candidate
             break
     result = {
@@ -472,19 +449,19 @@ def gather_cpufreq(root="/"):
         "epp": None,
         "available_epp": [],
         "boost": None,
-        "amd_pstate_status": _read_line(root, base + "/amd_pstate/status"),
-        "intel_pstate_status": _read_line(root, base + "/intel_pstate/status"),
+        "amd_pstate_status": read_line(root, base + "/amd_pstate/status"),
+        "intel_pstate_status": read_line(root, base + "/intel_pstate/status"),
     }
     if policy is not None:
-        result["driver"] = _read_line(root, policy + "/scaling_driver")
-        result["governor"] = _read_line(root, policy + "/scaling_governor")
-        result["available_governors"] = (_read_line(root, policy + "/scaling_available_governors") or "").split()
-        result["epp"] = _read_line(root, policy + "/energy_performance_preference")
+        result["driver"] = read_line(root, policy + "/scaling_driver")
+        result["governor"] = read_line(root, policy + "/scaling_governor")
+        result["available_governors"] = (read_line(root, policy + "/scaling_available_governors") or "").split()
+        result["epp"] = read_line(root, policy + "/energy_performance_preference")
         result["available_epp"] = (
-            _read_line(root, policy + "/energy_performance_available_preferences") or ""
+            read_line(root, policy + "/energy_performance_available_preferences") or ""
         ).split()
-    boost = _read_line(root, base + "/cpufreq/boost")
-    no_turbo = _read_line(root, base + "/intel_pstate/no_turbo")
+    boost = read_line(root, base + "/cpufreq/boost")
+    no_turbo = read_line(root, base + "/intel_pstate/no_turbo")
     if boost is not None:
         result["boost"] = boost == "1"
     elif no_turbo is not None:
@@ -495,40 +472,14 @@ def gather_cpufreq(root="/"):
 def gather_thp(root="/"):
     base = "/sys/kernel/mm/transparent_hugepage"
     return {
-        "enabled": parse_bracketed(_read_line(root, base + "/enabled")),
-        "defrag": parse_bracketed(_read_line(root, base + "/defrag")),
+        "enabled": parse_bracketed(read_line(root, base + "/enabled")),
+        "defrag": parse_bracketed(read_line(root, base + "/defrag")),
     }
 
 
 # --------------------------------------------------------------------------
 # block devices
 # --------------------------------------------------------------------------
-
-
-def parse_mountinfo(text):
-    """/proc/self/mountinfo -> [{"majmin", "mountpoint", "fstype", "source"}]."""
-    mounts = []
-    for line in (text or "").splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields = left.split()
-        tail = right.split()
-        if len(fields) < 5:
-            continue
-        mounts.append(
-            {
-                "majmin": fields[2],
-                "mountpoint": _unescape_mount(fields[4]),
-                "fstype": tail[0] if tail else None,
-                "source": _unescape_mount(tail[1]) if len(tail) > 1 else None,
-            }
-        )
-    return mounts
-
-
-def _unescape_mount(text):
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
 
 
 def parse_swaps(text):
@@ -540,7 +491,7 @@ def parse_swaps(text):
 def list_by_id(root="/"):
     """kernel name -> [/dev/disk/by-id/... links], best first (no -partN links)."""
     result = {}
-    directory = _path(root, "/dev/disk/by-id")
+    directory = path_in(root, "/dev/disk/by-id")
     try:
         names = os.listdir(directory)
     except OSError:
@@ -605,7 +556,7 @@ def parse_lsblk(json_text, root_disks=(), by_id=None, mounts_by_majmin=None):
     for disk in data.get("blockdevices") or []:
         name = disk.get("kname") or disk.get("name")
         kind = (disk.get("type") or "").lower()
-        size = _to_int(disk.get("size"), 0)
+        size = to_int(disk.get("size"), 0)
         if _skip_device(name, kind, size) or kind in ("part",):
             continue
         mountpoints, partitions, signatures, holders = [], [], [], []
@@ -692,42 +643,42 @@ def parse_sysfs_block(root="/", root_disks=(), by_id=None, mounts_by_majmin=None
     mounts_by_majmin = mounts_by_majmin or {}
     root_disks = set(root_disks or ())
     devices = []
-    for path in sorted(glob.glob(_path(root, "/sys/block/*"))):
+    for path in sorted(glob.glob(path_in(root, "/sys/block/*"))):
         name = os.path.basename(path)
         base = "/sys/block/" + name
-        size = _to_int(_read_line(root, base + "/size"), 0) * 512
+        size = to_int(read_line(root, base + "/size"), 0) * 512
         kind = "loop" if name.startswith("loop") else "disk"
         if name.startswith(("dm-", "md")):
             continue  # holders, reported under their members
         if _skip_device(name, kind, size):
             continue
         partitions = sorted(
-            os.path.basename(os.path.dirname(p)) for p in glob.glob(_path(root, base + "/*/partition"))
+            os.path.basename(os.path.dirname(p)) for p in glob.glob(path_in(root, base + "/*/partition"))
         )
         holders = []
         for node in [name] + partitions:
             directory = base + ("/" + node if node != name else "") + "/holders"
-            for holder in sorted(glob.glob(_path(root, directory + "/*"))):
+            for holder in sorted(glob.glob(path_in(root, directory + "/*"))):
                 holder = os.path.basename(holder)
                 if holder not in holders:
                     holders.append(holder)
         signatures = []
         for holder in holders:
-            level = _read_line(root, "/sys/block/%s/md/level" % holder)
+            level = read_line(root, "/sys/block/%s/md/level" % holder)
             if level and level not in signatures:
                 signatures.append(level)
         mountpoints = []
         for node in [name] + partitions + holders:
             sub = base + "/" + node if node in partitions else "/sys/block/" + node
-            majmin = _read_line(root, sub + "/dev")
+            majmin = read_line(root, sub + "/dev")
             for point in mounts_by_majmin.get(majmin, []):
                 if point not in mountpoints:
                     mountpoints.append(point)
             if "/dev/" + node in swaps and "[SWAP]" not in mountpoints:
                 mountpoints.append("[SWAP]")
-        model = _read_line(root, base + "/device/model")
-        serial = _read_line(root, base + "/device/serial") or _read_line(root, base + "/serial")
-        wwn = _read_line(root, base + "/wwid") or _read_line(root, base + "/device/wwid")
+        model = read_line(root, base + "/device/model")
+        serial = read_line(root, base + "/device/serial") or read_line(root, base + "/serial")
+        wwn = read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid")
         devices.append(
             _device(
                 name=name,
@@ -738,16 +689,16 @@ def parse_sysfs_block(root="/", root_disks=(), by_id=None, mounts_by_majmin=None
                 wwn=wwn,
                 by_id=by_id.get(name, []),
                 transport="nvme" if name.startswith("nvme") else None,
-                rotational=_read_line(root, base + "/queue/rotational") == "1",
-                removable=_read_line(root, base + "/removable") == "1",
-                read_only=_read_line(root, base + "/ro") == "1",
+                rotational=read_line(root, base + "/queue/rotational") == "1",
+                removable=read_line(root, base + "/removable") == "1",
+                read_only=read_line(root, base + "/ro") == "1",
                 mountpoints=mountpoints,
                 partitions=partitions,
                 signatures=signatures,
                 holders=holders,
                 kind=kind,
                 root_disks=root_disks,
-                backing_file=_read_line(root, base + "/loop/backing_file"),
+                backing_file=read_line(root, base + "/loop/backing_file"),
             )
         )
     return devices
@@ -756,12 +707,12 @@ def parse_sysfs_block(root="/", root_disks=(), by_id=None, mounts_by_majmin=None
 def sysfs_disks_for(root, majmin=None, name=None):
     """Whole-disk kernel names under one block device (partition -> disk, dm/md -> members)."""
     index = {}
-    for dev_file in glob.glob(_path(root, "/sys/block/*/dev")):
-        index[_read_line("/", dev_file)] = (os.path.basename(os.path.dirname(dev_file)), None)
-    for part_file in glob.glob(_path(root, "/sys/block/*/*/partition")):
+    for dev_file in glob.glob(path_in(root, "/sys/block/*/dev")):
+        index[read_line("/", dev_file)] = (os.path.basename(os.path.dirname(dev_file)), None)
+    for part_file in glob.glob(path_in(root, "/sys/block/*/*/partition")):
         part_dir = os.path.dirname(part_file)
         disk = os.path.basename(os.path.dirname(part_dir))
-        index[_read_line("/", part_dir + "/dev")] = (disk, os.path.basename(part_dir))
+        index[read_line("/", part_dir + "/dev")] = (disk, os.path.basename(part_dir))
     target = None
     if majmin and majmin in index:
         target = index[majmin]
@@ -775,7 +726,7 @@ def sysfs_disks_for(root, majmin=None, name=None):
     disk, _part = target
     if disk.startswith(("dm-", "md")):
         members = set()
-        for slave in glob.glob(_path(root, "/sys/block/%s/slaves/*" % disk)):
+        for slave in glob.glob(path_in(root, "/sys/block/%s/slaves/*" % disk)):
             members |= sysfs_disks_for(root, name=os.path.basename(slave))
         return members
     return {disk}
@@ -796,31 +747,13 @@ def root_disks_from(root, mounts):
     return disks
 
 
-def _run(argv, timeout=30):
-    executable = shutil.which(argv[0])
-    if executable is None:
-        return None
-    try:
-        proc = subprocess.run(
-            [executable] + list(argv[1:]),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            timeout=timeout,
-            check=False,
-            universal_newlines=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc
-
-
 def probe_signatures(device_path):
     """``blkid -p`` on one device -> (signature names, "ok" | "failed").
 
     blkid exits 0 when it found something, 2 when nothing (or on an error, which it prints),
     8 when signatures are ambiguous (several found: the drive holds something).
     """
-    proc = _run(["blkid", "-p", "-o", "export", device_path])
+    proc = run(["blkid", "-p", "-o", "export", device_path])
     if proc is None:
         return [], "failed"
     if proc.returncode == 8:
@@ -838,8 +771,8 @@ def probe_signatures(device_path):
 def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
     warnings = warnings if warnings is not None else []
     sources = sources if sources is not None else {}
-    mounts = parse_mountinfo(_read(root, "/proc/self/mountinfo", "") or _read(root, "/proc/1/mountinfo", ""))
-    swaps = parse_swaps(_read(root, "/proc/swaps", ""))
+    mounts = parse_mountinfo(read_text(root, "/proc/self/mountinfo", "") or read_text(root, "/proc/1/mountinfo", ""))
+    swaps = parse_swaps(read_text(root, "/proc/swaps", ""))
     mounts_by_majmin = {}
     for mount in mounts:
         mounts_by_majmin.setdefault(mount["majmin"], []).append(mount["mountpoint"])
@@ -848,9 +781,9 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
 
     devices = None
     if root == "/":
-        proc = _run(["lsblk", "-J", "-b", "-O"])
+        proc = run(["lsblk", "-J", "-b", "-O"])
         if proc is None or proc.returncode != 0:
-            proc = _run(["lsblk", "-J", "-b", "-o", "NAME,KNAME,PATH,MAJ:MIN,TYPE,SIZE,FSTYPE,PTTYPE,MOUNTPOINT,"
+            proc = run(["lsblk", "-J", "-b", "-o", "NAME,KNAME,PATH,MAJ:MIN,TYPE,SIZE,FSTYPE,PTTYPE,MOUNTPOINT,"
                                                     "ROTA,RM,RO,MODEL,SERIAL,WWN,TRAN"])
         if proc is not None and proc.returncode == 0:
             try:
@@ -868,7 +801,7 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
 
     for device in devices:
         if device["loop"] and not device.get("backing_file"):
-            device["backing_file"] = _read_line(root, "/sys/block/%s/loop/backing_file" % device["name"])
+            device["backing_file"] = read_line(root, "/sys/block/%s/loop/backing_file" % device["name"])
         if "[SWAP]" not in device["mountpoints"]:
             names = [device["name"]] + device["partitions"]
             if any("/dev/" + n in swaps for n in names):
@@ -905,13 +838,13 @@ DMI_VM = (
 def detect_vm(root="/", flags=()):
     """VM type from DMI, /sys/hypervisor and the cpu 'hypervisor' flag (systemd-detect-virt names)."""
     dmi = " ".join(
-        (_read_line(root, "/sys/class/dmi/id/" + key) or "").lower()
+        (read_line(root, "/sys/class/dmi/id/" + key) or "").lower()
         for key in ("sys_vendor", "product_name", "bios_vendor", "board_vendor")
     )
     for needle, name in DMI_VM:
         if needle in dmi:
             return name
-    hypervisor = _read_line(root, "/sys/hypervisor/type")
+    hypervisor = read_line(root, "/sys/hypervisor/type")
     if hypervisor:
         return hypervisor.lower()
     if "hypervisor" in set(flags or ()):
@@ -920,14 +853,14 @@ def detect_vm(root="/", flags=()):
 
 
 def detect_container(root="/"):
-    marker = _read_line(root, "/run/systemd/container")
+    marker = read_line(root, "/run/systemd/container")
     if marker:
         return marker
-    if os.path.exists(_path(root, "/run/.containerenv")):
+    if os.path.exists(path_in(root, "/run/.containerenv")):
         return "podman"
-    if os.path.exists(_path(root, "/.dockerenv")):
+    if os.path.exists(path_in(root, "/.dockerenv")):
         return "docker"
-    environ = _read(root, "/proc/1/environ", "") or ""
+    environ = read_text(root, "/proc/1/environ", "") or ""
     for item in environ.split("\0"):
         if item.startswith("container="):
             return item.split("=", 1)[1] or "container-other"
@@ -937,10 +870,10 @@ def detect_container(root="/"):
 def gather_virtualization(root="/", flags=()):
     vm = container = None
     if root == "/":
-        proc = _run(["systemd-detect-virt", "--vm"])
+        proc = run(["systemd-detect-virt", "--vm"])
         if proc is not None and proc.stdout.strip():
             vm = proc.stdout.strip()
-        proc = _run(["systemd-detect-virt", "--container"])
+        proc = run(["systemd-detect-virt", "--container"])
         if proc is not None and proc.stdout.strip():
             container = proc.stdout.strip()
     vm = vm or detect_vm(root, flags)
@@ -964,8 +897,8 @@ def parse_os_release(text):
 
 
 def gather_os(root="/"):
-    release = parse_os_release(_read(root, "/etc/os-release") or _read(root, "/usr/lib/os-release", ""))
-    kernel = _read_line(root, "/proc/sys/kernel/osrelease") or (platform.release() if root == "/" else None)
+    release = parse_os_release(read_text(root, "/etc/os-release") or read_text(root, "/usr/lib/os-release", ""))
+    kernel = read_line(root, "/proc/sys/kernel/osrelease") or (platform.release() if root == "/" else None)
     return {
         "id": release.get("ID"),
         "version_id": release.get("VERSION_ID"),

@@ -108,16 +108,21 @@ import json
 import mmap
 import os
 import re
-import shutil
 import socket
 import struct
-import subprocess
 import uuid
 
 try:
     from ansible.module_utils.basic import AnsibleModule
 except ImportError:  # imported by the tests without ansible on the path
     AnsibleModule = None
+
+try:  # installed as the provisioner.ml collection
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
+        parse_mountinfo, path_in, read_line, run, to_int, unescape_octal)
+except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
+    from ansible.module_utils.provisioner_common import (
+        parse_mountinfo, path_in, read_line, run, to_int, unescape_octal)
 
 LEVELS = ("raid0", "raid1", "raid10", "single")
 BACKENDS = ("mdadm", "btrfs")
@@ -155,44 +160,6 @@ MD_SUPER_1_2_OFFSET = 4096
 # --------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------
-
-
-def _path(root, path):
-    return os.path.join(root, path.lstrip("/"))
-
-
-def _read_line(root, path, default=None):
-    try:
-        with open(_path(root, path), "r") as handle:
-            text = handle.read().strip()
-    except (OSError, IOError):
-        return default
-    return text if text else default
-
-
-def _to_int(value, default=None):
-    try:
-        return int(str(value).strip())
-    except (TypeError, ValueError):
-        return default
-
-
-def _run(argv, timeout=60):
-    executable = shutil.which(argv[0])
-    if executable is None:
-        return None
-    try:
-        return subprocess.run(
-            [executable] + list(argv[1:]),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout,
-            check=False,
-            universal_newlines=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def read_at(path, offset, length):
@@ -432,14 +399,14 @@ def _norm_serial(text):
 def list_disks(root="/"):
     """Whole block devices (not partitions, not ram/zram) -> {kname: identity}."""
     disks = {}
-    for entry in sorted(glob.glob(_path(root, "/sys/block/*"))):
+    for entry in sorted(glob.glob(path_in(root, "/sys/block/*"))):
         name = os.path.basename(entry)
         if name.startswith(("ram", "zram")):
             continue
         base = "/sys/block/" + name
         disks[name] = {
-            "serial": _read_line(root, base + "/device/serial") or _read_line(root, base + "/serial"),
-            "wwid": _read_line(root, base + "/wwid") or _read_line(root, base + "/device/wwid"),
+            "serial": read_line(root, base + "/device/serial") or read_line(root, base + "/serial"),
+            "wwid": read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid"),
         }
     return disks
 
@@ -447,7 +414,7 @@ def list_disks(root="/"):
 def by_id_links(root="/"):
     """kname -> [/dev/disk/by-id/... links to the whole device] (no -partN)."""
     result = {}
-    directory = _path(root, "/dev/disk/by-id")
+    directory = path_in(root, "/dev/disk/by-id")
     try:
         names = sorted(os.listdir(directory))
     except OSError:
@@ -475,13 +442,13 @@ def resolve(spec, root="/", allow_unstable=False, disks=None, links=None):
         hits = sorted(k for k, d in disks.items() if wanted and _norm_wwn(d.get("wwid")) == wanted)
         return _one(spec, hits)
     if spec.startswith("/dev/disk/by-id/"):
-        link = _path(root, spec)
+        link = path_in(root, spec)
         if not os.path.lexists(link):
             return None, "%s does not exist on this host (see ls -l /dev/disk/by-id)" % spec
         target = os.path.realpath(link) if root == "/" else os.path.join(os.path.dirname(spec), os.readlink(link))
         kname = os.path.basename(os.path.normpath(target))
         if kname not in disks:
-            if os.path.exists(_path(root, "/sys/class/block/%s/partition" % kname)):
+            if os.path.exists(path_in(root, "/sys/class/block/%s/partition" % kname)):
                 return None, "%s is a partition (%s); name the whole drive" % (spec, kname)
             return None, "%s points to %s, which is not a whole block device" % (spec, kname)
         return kname, None
@@ -495,7 +462,7 @@ def resolve(spec, root="/", allow_unstable=False, disks=None, links=None):
                 "(storage_allow_unstable_names: true is for tests and VMs only)" % (spec, hint)
             )
         if kname not in disks:
-            if os.path.exists(_path(root, "/sys/class/block/%s/partition" % kname)):
+            if os.path.exists(path_in(root, "/sys/class/block/%s/partition" % kname)):
                 return None, "%s is a partition; name the whole drive" % spec
             return None, "%s is not a block device on this host" % spec
         return kname, None
@@ -512,29 +479,10 @@ def _one(spec, hits):
     return hits[0], None
 
 
-def parse_mountinfo(text):
-    mounts = []
-    for line in (text or "").splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or not tail:
-            continue
-        unescape = lambda s: re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)  # noqa: E731
-        mounts.append({
-            "majmin": fields[2],
-            "mountpoint": unescape(fields[4]),
-            "fstype": tail[0],
-            "source": unescape(tail[1]) if len(tail) > 1 else "",
-        })
-    return mounts
-
-
 def signatures_of(path):
     """Every signature on a device: wipefs -n -J (all of them), blkid -p as the fall-back.
     Returns (list of {"type", "label", "uuid", "offset"}, None) or (None, reason)."""
-    proc = _run(["wipefs", "--no-act", "--json", path])
+    proc = run(["wipefs", "--no-act", "--json", path])
     if proc is not None and proc.returncode == 0:
         try:
             data = json.loads(proc.stdout or "{}") if (proc.stdout or "").strip() else {}
@@ -550,7 +498,7 @@ def signatures_of(path):
                     "offset": sig.get("offset"),
                 })
             return found, None
-    proc = _run(["blkid", "-p", "-o", "export", path])
+    proc = run(["blkid", "-p", "-o", "export", path])
     if proc is None:
         return None, "neither wipefs nor blkid is installed (util-linux)"
     if proc.returncode == 2 and not proc.stderr.strip():
@@ -569,33 +517,33 @@ def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
     base = "/sys/block/" + kname
     path = "/dev/" + kname
     partitions = sorted(
-        os.path.basename(os.path.dirname(p)) for p in glob.glob(_path(root, base + "/*/partition"))
+        os.path.basename(os.path.dirname(p)) for p in glob.glob(path_in(root, base + "/*/partition"))
     )
-    holders = sorted(os.path.basename(p) for p in glob.glob(_path(root, base + "/holders/*")))
+    holders = sorted(os.path.basename(p) for p in glob.glob(path_in(root, base + "/holders/*")))
     for part in partitions:
-        holders += [os.path.basename(p) for p in glob.glob(_path(root, "%s/%s/holders/*" % (base, part)))]
-    majmins = {_read_line(root, base + "/dev")}
-    majmins |= {_read_line(root, "%s/%s/dev" % (base, part)) for part in partitions}
+        holders += [os.path.basename(p) for p in glob.glob(path_in(root, "%s/%s/holders/*" % (base, part)))]
+    majmins = {read_line(root, base + "/dev")}
+    majmins |= {read_line(root, "%s/%s/dev" % (base, part)) for part in partitions}
     mountpoints = [m["mountpoint"] for m in mounts if m["majmin"] in majmins]
     names = ["/dev/" + n for n in [kname] + partitions]
     if any(s in names for s in swaps):
         mountpoints.append("[SWAP]")
-    sched_text = _read_line(root, base + "/queue/scheduler") or ""
+    sched_text = read_line(root, base + "/queue/scheduler") or ""
     match = re.search(r"\[([^\]]+)\]", sched_text)
     device = {
         "kname": kname,
         "path": path,
-        "size_bytes": (_to_int(_read_line(root, base + "/size"), 0) or 0) * 512,
-        "read_only": _read_line(root, base + "/ro") == "1",
-        "serial": _read_line(root, base + "/device/serial") or _read_line(root, base + "/serial"),
-        "wwid": _read_line(root, base + "/wwid") or _read_line(root, base + "/device/wwid"),
-        "model": _read_line(root, base + "/device/model"),
+        "size_bytes": (to_int(read_line(root, base + "/size"), 0) or 0) * 512,
+        "read_only": read_line(root, base + "/ro") == "1",
+        "serial": read_line(root, base + "/device/serial") or read_line(root, base + "/serial"),
+        "wwid": read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid"),
+        "model": read_line(root, base + "/device/model"),
         "nvme": kname.startswith("nvme"),
         "loop": kname.startswith("loop"),
-        "backing_file": _read_line(root, base + "/loop/backing_file"),
-        "rotational": _read_line(root, base + "/queue/rotational") == "1",
+        "backing_file": read_line(root, base + "/loop/backing_file"),
+        "rotational": read_line(root, base + "/queue/rotational") == "1",
         "scheduler": match.group(1) if match else (sched_text or None),
-        "read_ahead_kb": _to_int(_read_line(root, base + "/queue/read_ahead_kb")),
+        "read_ahead_kb": to_int(read_line(root, base + "/queue/read_ahead_kb")),
         "partitions": partitions,
         "holders": sorted(set(holders)),
         "mountpoints": mountpoints,
@@ -626,31 +574,31 @@ def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
 def md_arrays(root="/"):
     """Running md arrays from sysfs -> {mdX: {level, raid_disks, chunk_kb, slaves, state}}."""
     arrays = {}
-    for entry in sorted(glob.glob(_path(root, "/sys/block/md*/md"))):
+    for entry in sorted(glob.glob(path_in(root, "/sys/block/md*/md"))):
         name = os.path.basename(os.path.dirname(entry))
         base = "/sys/block/%s/md" % name
         arrays[name] = {
             "device": "/dev/" + name,
-            "level": _read_line(root, base + "/level"),
-            "raid_disks": _to_int(_read_line(root, base + "/raid_disks")),
-            "chunk_kb": (_to_int(_read_line(root, base + "/chunk_size"), 0) or 0) // 1024,
-            "state": _read_line(root, base + "/array_state"),
-            "slaves": sorted(os.path.basename(p) for p in glob.glob(_path(root, "/sys/block/%s/slaves/*" % name))),
-            "majmin": _read_line(root, "/sys/block/%s/dev" % name),
+            "level": read_line(root, base + "/level"),
+            "raid_disks": to_int(read_line(root, base + "/raid_disks")),
+            "chunk_kb": (to_int(read_line(root, base + "/chunk_size"), 0) or 0) // 1024,
+            "state": read_line(root, base + "/array_state"),
+            "slaves": sorted(os.path.basename(p) for p in glob.glob(path_in(root, "/sys/block/%s/slaves/*" % name))),
+            "majmin": read_line(root, "/sys/block/%s/dev" % name),
         }
     return arrays
 
 
 def md_driver(root="/"):
     """("loaded" | "module" | "absent", reason)."""
-    if os.path.exists(_path(root, "/proc/mdstat")):
+    if os.path.exists(path_in(root, "/proc/mdstat")):
         return "loaded", "md driver loaded (/proc/mdstat present)"
-    release = os.uname()[2] if root == "/" else (_read_line(root, "/proc/sys/kernel/osrelease") or "")
+    release = os.uname()[2] if root == "/" else (read_line(root, "/proc/sys/kernel/osrelease") or "")
     moddir = "/lib/modules/%s" % release
     for listing in ("modules.builtin", "modules.dep"):
         text = ""
         try:
-            with open(_path(root, moddir + "/" + listing)) as handle:
+            with open(path_in(root, moddir + "/" + listing)) as handle:
                 text = handle.read()
         except (OSError, IOError):
             continue
@@ -1070,11 +1018,11 @@ def _mkfs_xfs(label, fs_uuid, chunk, sw, level, force, device):
 
 def _mountpoint_state(path, mounts, root="/"):
     state = {"mounted": False, "entries": 0, "not_a_directory": False,
-             "exists": os.path.isdir(_path(root, path))}
+             "exists": os.path.isdir(path_in(root, path))}
     for mount in mounts:
         if mount["mountpoint"] == path:
             state.update(mounted=True, mounted_source=mount["source"], mounted_fstype=mount["fstype"])
-    full = _path(root, path)
+    full = path_in(root, path)
     if os.path.lexists(full) and not os.path.isdir(full):
         state["not_a_directory"] = True
     elif os.path.isdir(full) and not state["mounted"]:
@@ -1092,10 +1040,9 @@ def parse_fstab(text):
         fields = line.split()
         if not fields or fields[0].startswith("#") or len(fields) < 2:
             continue
-        unescape = lambda s: re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)  # noqa: E731
         entries.append({
             "src": fields[0],
-            "path": unescape(fields[1]).rstrip("/") or "/",
+            "path": unescape_octal(fields[1]).rstrip("/") or "/",
             "fstype": fields[2] if len(fields) > 2 else "",
             "opts": fields[3] if len(fields) > 3 else "",
             "line": line.strip(),
@@ -1165,12 +1112,12 @@ def gather(params, root="/", probe=True):
     disks = list_disks(root)
     links = by_id_links(root)
     try:
-        with open(_path(root, "/proc/self/mountinfo")) as handle:
+        with open(path_in(root, "/proc/self/mountinfo")) as handle:
             mounts = parse_mountinfo(handle.read())
     except (OSError, IOError):
         mounts = []
     try:
-        with open(_path(root, "/proc/swaps")) as handle:
+        with open(path_in(root, "/proc/swaps")) as handle:
             swaps = [line.split()[0] for line in handle.read().splitlines()[1:] if line.split()]
     except (OSError, IOError):
         swaps = []
@@ -1216,7 +1163,7 @@ def gather(params, root="/", probe=True):
             if mount["fstype"] != "btrfs" or not mount["source"].startswith("/dev/"):
                 continue
             try:
-                sb = parse_btrfs_super(read_at(_path(root, mount["source"]) if root != "/" else mount["source"],
+                sb = parse_btrfs_super(read_at(path_in(root, mount["source"]) if root != "/" else mount["source"],
                                                BTRFS_SUPER_OFFSET, 4096))
             except OSError:
                 sb = None
@@ -1282,11 +1229,11 @@ def gather(params, root="/", probe=True):
                     m["md"]["filesystem"] = fs
     result = decide(spec, members, arrays, state, md_driver(root))
     result["warnings"] += warnings
-    result["udev_rules_dir_existed"] = os.path.isdir(_path(root, "/etc/udev/rules.d"))
+    result["udev_rules_dir_existed"] = os.path.isdir(path_in(root, "/etc/udev/rules.d"))
     result["mdadm_conf_other_lines"] = []
     if result.get("md_uuid"):
         try:
-            with open(_path(root, "/etc/mdadm/mdadm.conf")) as handle:
+            with open(path_in(root, "/etc/mdadm/mdadm.conf")) as handle:
                 result["mdadm_conf_other_lines"] = mdadm_conf_other_lines(handle.read(), result["md_uuid"])
         except (OSError, IOError):
             pass
@@ -1296,7 +1243,7 @@ def gather(params, root="/", probe=True):
         for m in members
     )
     try:
-        with open(_path(root, "/etc/fstab")) as handle:
+        with open(path_in(root, "/etc/fstab")) as handle:
             fstab = parse_fstab(handle.read())
     except (OSError, IOError):
         fstab = []

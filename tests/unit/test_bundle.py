@@ -18,7 +18,7 @@ from provisioner.errors import BadInput, ExitCode
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCTOR = ROOT / "roles" / "mlstack" / "files" / "mlstack-doctor"
-FILTERS = ROOT / "roles" / "mlstack" / "filter_plugins" / "mlstack.py"
+FILTERS = ROOT / "plugins" / "filter" / "mlstack.py"
 
 
 def _load(name: str, path: Path):

@@ -3,30 +3,23 @@ machine, and the module and the plan role run for real through ansible and ansib
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import plugin_code
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE_PATH = REPO / "roles" / "plan" / "library" / "provisioner_facts.py"
+MODULE_PATH = plugin_code.PLUGINS / "modules" / "provisioner_facts.py"
 VENV_BIN = Path(sys.executable).parent
 ANSIBLE = VENV_BIN / "ansible"
 ANSIBLE_PLAYBOOK = VENV_BIN / "ansible-playbook"
 
 
-def _load_module():
-    spec = importlib.util.spec_from_file_location("provisioner_facts", MODULE_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pf = _load_module()
+pf = plugin_code.load("modules", "provisioner_facts")
 
 
 # --------------------------------------------------------------------------
@@ -460,6 +453,10 @@ def _ansible_env(tmp_path: Path) -> dict[str, str]:
     env.update(
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
         ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+        ANSIBLE_LIBRARY=str(plugin_code.PLUGINS / "modules"),
+        ANSIBLE_MODULE_UTILS=str(plugin_code.PLUGINS / "module_utils"),
+        ANSIBLE_ACTION_PLUGINS=str(plugin_code.PLUGINS / "action"),
+        ANSIBLE_FILTER_PLUGINS=str(plugin_code.PLUGINS / "filter"),
         ANSIBLE_HOME=str(tmp_path / "ansible-home"),
         ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
         ANSIBLE_REMOTE_TEMP=str(tmp_path / "ansible-remote-tmp"),
@@ -578,12 +575,12 @@ def test_probe_signatures(monkeypatch, returncode, stdout, stderr, expected):
         assert argv[:2] == ["blkid", "-p"]
         return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
 
-    monkeypatch.setattr(pf, "_run", fake_run)
+    monkeypatch.setattr(pf, "run", fake_run)
     assert pf.probe_signatures("/dev/x") == expected
 
 
 def test_probe_signatures_without_blkid(monkeypatch):
-    monkeypatch.setattr(pf, "_run", lambda argv, timeout=30: None)
+    monkeypatch.setattr(pf, "run", lambda argv, timeout=30: None)
     assert pf.probe_signatures("/dev/x") == ([], "failed")
 
 
