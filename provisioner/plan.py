@@ -15,19 +15,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from provisioner.constants import (
+    HUGEPAGES_SIZES,
+    MAX_HUGEPAGES_SHARE,
+    MD_CHUNK_KB,
+    MIN_DRIVES,
+    READ_AHEAD_KB,
+    STORAGE_BACKENDS,
+    STORAGE_LEVELS,
+    SYSTEM_DIRECTORIES,
+    THP_CHOICES,
+    TUNED_PROFILES,
+)
 from provisioner.errors import BadInput
 
 FACTS_SCHEMA = 1
-
-THP_CHOICES = ("madvise", "always", "never")
-HUGEPAGES_SIZES = ("2M", "1G")
-TUNED_PROFILES = ("throughput-performance", "hpc-compute", "latency-performance")
-STORAGE_LEVELS = ("raid0", "raid1", "raid10", "single")
-STORAGE_BACKENDS = ("mdadm", "btrfs")
-MAX_HUGEPAGES_SHARE = 0.9
-MIN_DRIVES = {"raid0": 2, "raid1": 2, "raid10": 4, "single": 1}
-MD_CHUNK_KB = 512
-READ_AHEAD_KB = 4096
 GIB = 1024**3
 
 
@@ -77,15 +79,7 @@ class PlanOptions:
             raise PlanError("plan_hugepages_count/plan_hugepages_share need plan_hugepages_size: 2M or 1G")
         if self.tuned_profile not in TUNED_PROFILES:
             raise PlanError(f"plan_tuned_profile must be one of {', '.join(TUNED_PROFILES)} (got {self.tuned_profile!r})")
-        if not self.data_mountpoint.startswith("/") or self.data_mountpoint.rstrip("/") in (
-            "",
-            "/boot",
-            "/usr",
-            "/var",
-            "/etc",
-            "/home",
-            "/tmp",
-        ):
+        if not self.data_mountpoint.startswith("/") or (self.data_mountpoint.rstrip("/") or "/") in SYSTEM_DIRECTORIES:
             raise PlanError(
                 f"plan_data_mountpoint must be an absolute path of its own, like /data (got {self.data_mountpoint!r})"
             )
@@ -497,20 +491,24 @@ def plan_os(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str])
         Setting("swappiness", 10, "10: keep anonymous ML memory resident (tuned throughput-performance)"),
     ]
     nodes = _get(facts, "cpu.numa_nodes", 1)
-    if nodes <= 1:
-        settings.append(Setting("numa_balancing", None, "not applicable: 1 NUMA node"))
-    elif profile == "hpc-compute":
-        settings.append(Setting("numa_balancing", 0, f"0: {nodes} NUMA nodes, tuned hpc-compute pins instead of migrating"))
-    else:
-        settings.append(
-            Setting(
-                "numa_balancing",
-                1,
-                f"1: {nodes} NUMA nodes; the kernel moves memory to unpinned jobs (pin per node "
-                "only for pinned jobs; AMD EPYC tuning guides)",
-            )
-        )
+    reasons = {
+        None: "not applicable: 1 NUMA node",
+        0: f"0: {nodes} NUMA nodes, tuned hpc-compute pins instead of migrating",
+        1: f"1: {nodes} NUMA nodes; the kernel moves memory to unpinned jobs (pin per node "
+        "only for pinned jobs; AMD EPYC tuning guides)",
+    }
+    value = numa_balancing(nodes, profile)
+    settings.append(Setting("numa_balancing", value, reasons[value]))
     return settings
+
+
+def numa_balancing(nodes: int, profile: str) -> int | None:
+    """kernel.numa_balancing for NODES NUMA nodes under tuned PROFILE: None (left alone) on one
+    node, 0 where hpc-compute pins, else 1.  cpu_tuning's standalone default applies this rule
+    through the filter provisioner_numa_balancing."""
+    if nodes <= 1:
+        return None
+    return 0 if profile == "hpc-compute" else 1
 
 
 def plan_runtimes(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:

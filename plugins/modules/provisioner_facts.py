@@ -104,12 +104,13 @@ from ansible.module_utils.basic import AnsibleModule
 try:  # installed as the provisioner.ml collection
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
         parse_mountinfo, path_in, read_line, read_text, run, to_int)
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
     from ansible.module_utils.provisioner_common import (
         parse_mountinfo, path_in, read_line, read_text, run, to_int)
+    from ansible.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
 
 SCHEMA = 1
-ROOT_MOUNTPOINTS = ("/", "/boot", "/boot/efi")
 ISA_FLAGS = {
     "avx2": ("avx2",),
     "avx512f": ("avx512f",),
@@ -625,7 +626,7 @@ def _device(name, path, size, model, serial, wwn, by_id, transport, rotational, 
         "removable": bool(removable),
         "read_only": bool(read_only),
         "transport": transport,
-        "root_disk": name in root_disks or any(p in ROOT_MOUNTPOINTS for p in mountpoints),
+        "root_disk": name in root_disks or any(p in SYSTEM_MOUNTPOINTS for p in mountpoints),
         "mounted": bool(mountpoints),
         "mountpoints": mountpoints,
         "partitions": partitions,
@@ -736,7 +737,7 @@ def root_disks_from(root, mounts):
     """Kernel names of the disks that hold /, /boot or /boot/efi according to mountinfo."""
     disks = set()
     for mount in mounts:
-        if mount["mountpoint"] not in ROOT_MOUNTPOINTS:
+        if mount["mountpoint"] not in SYSTEM_MOUNTPOINTS:
             continue
         found = sysfs_disks_for(root, majmin=mount["majmin"])
         source = mount.get("source") or ""

@@ -120,16 +120,16 @@ except ImportError:  # imported by the tests without ansible on the path
 try:  # installed as the provisioner.ml collection
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
         parse_mountinfo, path_in, read_line, run, to_int, unescape_octal)
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import (
+        MD_CHUNK_KB, MIN_DRIVES, STORAGE_BACKENDS, STORAGE_LEVELS, SYSTEM_MOUNTPOINTS)
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
     from ansible.module_utils.provisioner_common import (
         parse_mountinfo, path_in, read_line, run, to_int, unescape_octal)
+    from ansible.module_utils.provisioner_constants import (
+        MD_CHUNK_KB, MIN_DRIVES, STORAGE_BACKENDS, STORAGE_LEVELS, SYSTEM_MOUNTPOINTS)
 
-LEVELS = ("raid0", "raid1", "raid10", "single")
-BACKENDS = ("mdadm", "btrfs")
-MIN_DEVICES = {"raid0": 2, "raid1": 2, "raid10": 4, "single": 1}
 MD_LEVEL_NUMBER = {"raid0": 0, "raid1": 1, "raid10": 10}
 MD_LEVEL_NAME = {0: "raid0", 1: "raid1", 10: "raid10", 4: "raid4", 5: "raid5", 6: "raid6", -1: "linear"}
-ROOT_MOUNTPOINTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
 UUID_NAMESPACE = uuid.UUID("6f1d3b52-57c1-4c8e-9a53-7a4f0c2d8e11")
 WIPE_HINT = "add it to storage_wipe_devices to allow wiping it"
 
@@ -786,7 +786,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         "warnings": warnings,
     }
 
-    need = MIN_DEVICES[level]
+    need = MIN_DRIVES[level]
     if len(members) < need:
         refusals.append("storage: %s needs at least %d device(s), storage_devices names %d" % (level, need, len(members)))
     if backend == "mdadm" and level == "single" and len(members) != 1:
@@ -834,7 +834,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         who = _who(m)
         points = [p for p in (m.get("mountpoints") or [])]
         if points and not (adopt_fs or adopt_md):
-            hint = " (the root disk)" if any(p in ROOT_MOUNTPOINTS for p in points) else ""
+            hint = " (the root disk)" if any(p in SYSTEM_MOUNTPOINTS for p in points) else ""
             refusals.append(
                 "storage: refusing %s: mounted at %s%s — unmount it first; storage never unmounts or wipes a mounted "
                 "drive, not even one in storage_wipe_devices" % (who, ", ".join(points), hint))
@@ -1104,7 +1104,7 @@ def gather(params, root="/", probe=True):
         "level": params["level"],
         "backend": params["backend"],
         "md_name": params.get("md_name") or "data",
-        "chunk_kb": int(params.get("chunk_kb") or 512),
+        "chunk_kb": int(params.get("chunk_kb") or MD_CHUNK_KB),
         "mountpoint": (params.get("mountpoint") or "/data").rstrip("/") or "/",
         "hostname": params.get("hostname") or socket.gethostname().split(".")[0],
     }
@@ -1262,10 +1262,10 @@ def main():
             devices=dict(type="list", elements="str", required=True),
             wipe_devices=dict(type="list", elements="str", default=[]),
             allow_unstable_names=dict(type="bool", default=False),
-            level=dict(type="str", required=True, choices=list(LEVELS)),
-            backend=dict(type="str", required=True, choices=list(BACKENDS)),
+            level=dict(type="str", required=True, choices=list(STORAGE_LEVELS)),
+            backend=dict(type="str", required=True, choices=list(STORAGE_BACKENDS)),
             md_name=dict(type="str", default="data"),
-            chunk_kb=dict(type="int", default=512),
+            chunk_kb=dict(type="int", default=MD_CHUNK_KB),
             mountpoint=dict(type="path", default="/data"),
             hostname=dict(type="str"),
             root=dict(type="path", default="/"),

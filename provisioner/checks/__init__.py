@@ -8,6 +8,7 @@ plan rendered from the plan the host recorded (/etc/provisioner/plan.json).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -61,8 +62,18 @@ def _ansible_filters() -> dict[str, Any]:
     from ansible.plugins.filter.core import FilterModule as Core
     from ansible.plugins.filter.mathstuff import FilterModule as Math
 
-    filters = {**Core().filters(), **Math().filters()}
+    filters = {**Core().filters(), **Math().filters(), **_project_filters()}
     filters.pop("default", None)  # Ansible's wraps its own Undefined type; jinja2's is the same rule
+    return filters
+
+
+def _project_filters() -> dict[str, Any]:
+    """The filters the roles' defaults use from plugins/filter/provisioner.py."""
+    spec = importlib.util.spec_from_file_location("provisioner_filters", paths.PLUGINS / "filter" / "provisioner.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    filters: dict[str, Any] = module.FilterModule().filters()
     return filters
 
 

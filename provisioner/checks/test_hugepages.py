@@ -14,12 +14,13 @@ import yaml
 
 from provisioner import paths
 from provisioner.checks import as_root, role_vars
+from provisioner.constants import HUGEPAGE_KIB
 
 _VARS = yaml.safe_load((paths.ROLES / "hugepages" / "vars" / "main.yml").read_text())
 SYSCTL_FILE = _VARS["_hugepages_sysctl_file"]
 GRUB_FILE = _VARS["_hugepages_grub_file"]
 LIMITS_FILE = _VARS["_hugepages_limits_file"]
-PAGE_KIB = _VARS["_hugepages_page_kib"]
+PAGE_KIB = HUGEPAGE_KIB
 PAGESIZE_SHOWN = _VARS["_hugepages_pagesize_shown"]
 
 

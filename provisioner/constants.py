@@ -1,0 +1,43 @@
+"""Choice lists, limits and forbidden paths the plan shares with the roles and modules.
+
+The one source is plugins/module_utils/provisioner_constants.py (the modules carry it to the
+targets, the roles' filter ``provisioner_constant`` reads it on the controller); this module
+loads that file by path, so the control node holds no second copy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from types import ModuleType
+
+from . import paths
+
+SOURCE = paths.PLUGINS / "module_utils" / "provisioner_constants.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("provisioner_constants", SOURCE)
+    if spec is None or spec.loader is None:  # pragma: no cover - a broken install
+        raise ImportError(f"cannot load {SOURCE}: reinstall provisioner")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_source = _load()
+
+THP_CHOICES: tuple[str, ...] = _source.THP_CHOICES
+HUGEPAGES_SIZES: tuple[str, ...] = _source.HUGEPAGES_SIZES
+HUGEPAGE_KIB: dict[str, int] = _source.HUGEPAGE_KIB
+MAX_HUGEPAGES_SHARE: float = _source.MAX_HUGEPAGES_SHARE
+TUNED_PROFILES: tuple[str, ...] = _source.TUNED_PROFILES
+APPLY_LIVE_MODES: tuple[str, ...] = _source.APPLY_LIVE_MODES
+STORAGE_LEVELS: tuple[str, ...] = _source.STORAGE_LEVELS
+STORAGE_BACKENDS: tuple[str, ...] = _source.STORAGE_BACKENDS
+MIN_DRIVES: dict[str, int] = _source.MIN_DRIVES
+MD_CHUNK_KB: int = _source.MD_CHUNK_KB
+READ_AHEAD_KB: int = _source.READ_AHEAD_KB
+SYSTEM_MOUNTPOINTS: tuple[str, ...] = _source.SYSTEM_MOUNTPOINTS
+SYSTEM_DIRECTORIES: tuple[str, ...] = _source.SYSTEM_DIRECTORIES
+HUGETLBFS_REFUSED: tuple[str, ...] = _source.HUGETLBFS_REFUSED
+VENV_REFUSED: tuple[str, ...] = _source.VENV_REFUSED
