@@ -30,7 +30,7 @@ def run(*args: str) -> tuple[float, dict]:
     seconds = time.monotonic() - started
     if not r.stdout.strip():
         sys.exit(f"provisioner {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
-    return seconds, json.loads(r.stdout)
+    return seconds, json.loads(r.stdout)["data"]
 
 
 def main() -> None:

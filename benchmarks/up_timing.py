@@ -26,7 +26,7 @@ def timed(*args: str) -> tuple[float, dict]:
     seconds = time.monotonic() - started
     if r.returncode != 0:
         sys.exit(f"provisioner {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
-    return seconds, json.loads(r.stdout)
+    return seconds, json.loads(r.stdout)["data"]
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The `provisioner` command: parse, call, print.
+"""The `provisioner` command: parse, call, print (what each command does: provisioner.commands).
 
 Exit codes: 0 success; 1 a task or check failed on a host; 2 bad input, refused before
 any host was touched; 3 a host was unreachable (network, SSH login or host key);
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.text import Text
 
-from . import __version__, engine, options, render
-from .errors import ExitCode, ProvisionerError
+from . import __version__, commands, options, render
+from .errors import ProvisionerError
+from .result import Result, refused
+from .runs import ProgressCallback
 
 app = typer.Typer(
     help="Turn bare-metal CPU servers into tuned machine-learning boxes, prove it, keep it so.",
@@ -27,7 +28,7 @@ lab_app = typer.Typer(help="Disposable Debian 12 servers on this machine, for tr
 app.add_typer(lab_app, name="lab")
 
 Inventory = Annotated[
-    Path | None, typer.Option("-i", "--inventory", help="Ansible inventory file or directory [default: this machine]")
+    Path | None, typer.Option("-i", "--inventory", help="Ansible inventory file or directory (default: this machine)")
 ]
 Limit = Annotated[str | None, typer.Option("--limit", "-l", help="Only these hosts or groups (Ansible pattern).")]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
@@ -57,39 +58,41 @@ def _main(
     """Discover, plan, apply, verify, report."""
 
 
-def _fail(exc: ProvisionerError) -> typer.Exit:
-    render.error(str(exc))
-    return typer.Exit(int(exc.exit_code))
-
-
-def _show_facts(
-    fact: str,
-    show: Callable[[dict[str, Any]], None],
-    inventory: Path | None,
-    limit: str | None,
-    extra: list[str] | None,
+def _finish(
+    command: str,
     json: bool,
-    accept_new: bool,
-) -> None:
-    """Run the read-only facts playbook and print one fact of every host."""
+    call: Callable[[ProgressCallback | None], Result[Any]],
+    show: Callable[[Any], None],
+    *,
+    progress: bool = False,
+) -> NoReturn:
+    """The one way every command ends: call it, print its result (tables, or the JSON
+    envelope with --json), its notes and errors, and exit with its code. An error raised
+    before the command had anything to show leaves the same way, as a result without data."""
     try:
-        inv = engine.resolve_inventory(inventory)
-        result = engine.run_playbook(
-            "facts.yml", inv, limit=limit, extravars=options.parse_extra_vars(extra or []), accept_new_host_keys=accept_new
-        )
+        with render.live_progress(enabled=progress and not json and render.console.is_terminal) as on_progress:
+            result = call(on_progress)
     except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    if result.exit_code != ExitCode.OK:
-        render.run_summary(result)
-        raise typer.Exit(int(result.exit_code))
-    data = {h: f.get(fact, {}) for h, f in result.facts.items()}
-    render.print_json(data) if json else show(data)
+        result = refused(command, exc)
+    if json:
+        render.print_json(result.envelope())
+        render.notes((), result.errors)
+    else:
+        if result.value is not None:
+            show(result.value)
+        render.notes(result.messages, result.errors)
+    raise typer.Exit(int(result.exit_code))
 
 
 @app.command()
 def facts(inventory: Inventory = None, limit: Limit = None, json: Json = False, accept_new_host_keys: AcceptNew = False) -> None:
     """Discover each host's hardware: CPU, ISA, caches, memory, drives, virtualization, OS."""
-    _show_facts("provisioner_hardware", render.facts, inventory, limit, None, json, accept_new_host_keys)
+    _finish(
+        "facts",
+        json,
+        lambda _: commands.facts(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
+        lambda outcome: render.fact_run(outcome, render.facts),
+    )
 
 
 @app.command()
@@ -101,16 +104,24 @@ def plan(
     accept_new_host_keys: AcceptNew = False,
 ) -> None:
     """Derive the tuning plan from each host's hardware, each setting with its reason."""
-    _show_facts("provisioner_plan", render.plan, inventory, limit, extra_vars, json, accept_new_host_keys)
+    _finish(
+        "plan",
+        json,
+        lambda _: commands.plan(
+            inventory,
+            limit=limit,
+            extravars=options.parse_extra_vars(extra_vars or []),
+            accept_new_host_keys=accept_new_host_keys,
+        ),
+        lambda outcome: render.fact_run(outcome, render.plan),
+    )
 
 
 @app.command()
 def up(
     inventory: Inventory = None,
     limit: Limit = None,
-    tags: Annotated[
-        list[str] | None, typer.Option("--tags", "-t", help="Only roles/phases with these tags; repeatable.")
-    ] = None,
+    tags: Annotated[list[str] | None, typer.Option("--tags", "-t", help="Only roles/phases with these tags; repeatable.")] = None,
     skip_tags: Annotated[
         list[str] | None, typer.Option("--skip-tags", help="Skip roles/phases with these tags; repeatable.")
     ] = None,
@@ -128,76 +139,32 @@ def up(
         ),
     ] = True,
     json: Json = False,
-    verbose: Annotated[int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log.")] = 0,
+    verbose: Annotated[
+        int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log; every change and check.")
+    ] = 0,
     accept_new_host_keys: AcceptNew = False,
 ) -> None:
     """Provision: discover, plan, apply the roles, verify, then prove it with the smoke test. Re-running changes nothing."""
-    from . import reboot as reboots
-
-    try:
-        inv = engine.resolve_inventory(inventory)
-        extravars = options.parse_extra_vars(extra_vars or [])
-        with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
-            result = engine.run_playbook(
-                "site.yml",
-                inv,
-                limit=limit,
-                tags=_split(tags),
-                skip_tags=_split(skip_tags),
-                check=check,
-                extravars=extravars,
-                verbosity=verbose,
-                accept_new_host_keys=accept_new_host_keys,
-                on_progress=progress,
-            )
-        decision = reboots.decide(result.facts, result.hostvars, allow_reboot=reboot and not check)
-        rebooted = None
-        if decision.reboot and result.exit_code == ExitCode.OK:
-            rebooted = engine.run_playbook(
-                "reboot.yml", inv, limit=",".join(decision.reboot), accept_new_host_keys=accept_new_host_keys
-            )
-        verified = None
-        failed = result.exit_code != ExitCode.OK or (rebooted is not None and rebooted.exit_code != ExitCode.OK)
-        if verify_after and not check and not failed:
-            from .verify import roles_for_tags, verify
-
-            verified = verify(inv, limit=limit, roles=roles_for_tags(_split(tags), _split(skip_tags)))
-            failed = verified.exit_code != ExitCode.OK
-        smoked = None
-        if smoke_after and not check and not failed and not tags and not skip_tags:
-            from .smoke import measure
-
-            with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
-                smoked = measure(
-                    inv, limit=limit, extravars=extravars, accept_new_host_keys=accept_new_host_keys, on_progress=progress
-                )
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    code = next(
-        (ExitCode(r.exit_code) for r in (result, rebooted, verified, smoked) if r is not None and r.exit_code != ExitCode.OK),
-        ExitCode.OK,
+    _finish(
+        "up",
+        json,
+        lambda on_progress: commands.up(
+            inventory,
+            limit=limit,
+            tags=_split(tags),
+            skip_tags=_split(skip_tags),
+            check=check,
+            extravars=options.parse_extra_vars(extra_vars or []),
+            reboot=reboot,
+            verify_after=verify_after,
+            smoke_after=smoke_after,
+            verbosity=verbose,
+            accept_new_host_keys=accept_new_host_keys,
+            on_progress=on_progress,
+        ),
+        lambda outcome: render.up(outcome, verbose=bool(verbose)),
+        progress=True,
     )
-    if json:
-        out: dict[str, Any] = result.to_dict()
-        out["plan"] = {h: f.get("provisioner_plan") for h, f in result.facts.items()}
-        out["reboot"] = decision.to_dict()
-        out["rebooted"] = rebooted.to_dict() if rebooted else None
-        out["verify"] = verified.to_dict() if verified else None
-        out["smoke"] = smoked.to_dict() if smoked else None
-        out["exit_code"] = int(code)
-        render.print_json(out)
-    else:
-        if check or verbose:
-            render.changes(result)
-        render.run_summary(result)
-        if rebooted is not None:
-            render.run_summary(rebooted)
-        render.reboots(decision, allowed=reboot)
-        if verified is not None:
-            render.verify_summary(verified)
-        if smoked is not None:
-            render.smoke_run(smoked)
-    raise typer.Exit(int(code))
 
 
 @app.command()
@@ -212,35 +179,31 @@ def undo(
 
     Running it twice is harmless. Base packages and the ML user stay.
     """
-    try:
-        inv = engine.resolve_inventory(inventory)
-        with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
-            result = engine.run_playbook(
-                "undo.yml", inv, limit=limit, check=check, accept_new_host_keys=accept_new_host_keys, on_progress=progress
-            )
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    if json:
-        render.print_json(result.to_dict())
-    else:
-        render.changes(result)
-        render.run_summary(result)
-    raise typer.Exit(int(result.exit_code))
+    _finish(
+        "undo",
+        json,
+        lambda on_progress: commands.undo(
+            inventory, limit=limit, check=check, accept_new_host_keys=accept_new_host_keys, on_progress=on_progress
+        ),
+        render.undo,
+        progress=True,
+    )
 
 
 @app.command()
-def verify(inventory: Inventory = None, limit: Limit = None, json: Json = False) -> None:
-    """Check with testinfra that each host is as the roles promise."""
-    from .verify import verify as run_verify
-
-    try:
-        result = run_verify(engine.resolve_inventory(inventory), limit=limit)
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    render.print_json(result.to_dict()) if json else render.verify_summary(result)
-    if not result.checks:
-        raise typer.Exit(int(ExitCode.BAD_INPUT))
-    raise typer.Exit(int(result.exit_code))
+def verify(
+    inventory: Inventory = None,
+    limit: Limit = None,
+    json: Json = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Every check, not one line per role.")] = False,
+) -> None:
+    """Check with testinfra that each host is as the roles promise: one line per host and role."""
+    _finish(
+        "verify",
+        json,
+        lambda _: commands.verify(inventory, limit=limit),
+        lambda result: render.verify_summary(result, verbose),
+    )
 
 
 @app.command()
@@ -260,7 +223,7 @@ def smoke(
     ] = False,
     html: Annotated[
         Path | None,
-        typer.Option("--html", help="Write the HTML report here [default: /var/lib/provisioner/smoke/report.html]."),
+        typer.Option("--html", help="Write the HTML report here (default: /var/lib/provisioner/smoke/report.html)."),
     ] = None,
     extra_vars: ExtraVars = None,
     json: Json = False,
@@ -271,63 +234,79 @@ def smoke(
     Figures are kept per host: a later run more than 15% below the last one is flagged as a
     regression, and a --baseline run is shown next to the tuned figures (before -> after).
     """
-    from .smoke import measure
-
-    try:
-        inv = engine.resolve_inventory(inventory)
-        with render.live_progress(enabled=not json and render.console.is_terminal) as progress:
-            result = measure(
-                inv,
-                limit=limit,
-                profile="full" if full else "quick",
-                baseline=baseline,
-                extravars=options.parse_extra_vars(extra_vars or []),
-                accept_new_host_keys=accept_new_host_keys,
-                on_progress=progress,
-                html=html,
-            )
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    if json:
-        render.print_json(result.to_dict())
-    else:
-        render.smoke_run(result)
-    raise typer.Exit(result.exit_code)
+    _finish(
+        "smoke",
+        json,
+        lambda on_progress: commands.smoke(
+            inventory,
+            limit=limit,
+            profile="full" if full else "quick",
+            baseline=baseline,
+            extravars=options.parse_extra_vars(extra_vars or []),
+            accept_new_host_keys=accept_new_host_keys,
+            on_progress=on_progress,
+            html=html,
+        ),
+        render.smoke_run,
+        progress=True,
+    )
 
 
 @app.command()
 def bundle(
-    dest: Annotated[
-        Path | None, typer.Argument(help="Wheelhouse directory [default: /var/cache/provisioner/wheelhouse]")
-    ] = None,
+    dest: Annotated[Path | None, typer.Argument(help="Wheelhouse directory (default: /var/cache/provisioner/wheelhouse)")] = None,
     component: Annotated[
         list[str] | None,
         typer.Option("-c", "--component", help="core, gbdt, torch, hpo, distributed, serving, notebook, sklearnex; repeatable."),
     ] = None,
     glibc: Annotated[
-        str | None, typer.Option("--glibc", help="Oldest glibc of the targets (manylinux tag) [default: the lock's].")
+        str | None, typer.Option("--glibc", help="Oldest glibc of the targets (manylinux tag; default: the lock's).")
     ] = None,
     index_url: Annotated[str | None, typer.Option("--index-url", help="Package index to download from.")] = None,
+    extra_index_url: Annotated[
+        list[str] | None, typer.Option("--extra-index-url", help="Another package index; repeatable.")
+    ] = None,
     torch_index_url: Annotated[str | None, typer.Option("--torch-index-url", help="Index for the PyTorch CPU wheels.")] = None,
+    lock: Annotated[Path | None, typer.Option("--lock", help="The lock file (default: requirements/mlstack.lock).")] = None,
+    python_version: Annotated[
+        str | None, typer.Option("--python-version", help="The targets' Python (default: 3.11, Debian 12's).")
+    ] = None,
+    update_lock: Annotated[
+        bool,
+        typer.Option("--update-lock", help="Resolve the lock's requirements again and rewrite the lock, instead of building."),
+    ] = False,
     json: Json = False,
 ) -> None:
     """Build a wheelhouse of the pinned ML stack for offline installs (mlstack_wheelhouse=DIR)."""
-    from . import bundle as bundles
-
-    try:
-        result = bundles.build_wheelhouse(
-            dest or bundles.default_wheelhouse(),
-            component or ["core", "gbdt"],
-            platforms=bundles.manylinux_platforms(glibc) if glibc else None,
-            index_url=index_url,
-            torch_index_url=torch_index_url,
+    if update_lock:
+        _finish(
+            "bundle",
+            json,
+            lambda _: commands.update_lock(
+                lock,
+                python_version=python_version,
+                glibc=glibc,
+                index_url=index_url,
+                extra_index_urls=extra_index_url or [],
+                torch_index_url=torch_index_url,
+            ),
+            render.lock_update,
         )
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    if json:
-        render.print_json(result.to_dict())
-    else:
-        render.bundle(result)
+    _finish(
+        "bundle",
+        json,
+        lambda _: commands.bundle(
+            dest,
+            component or [],
+            lock=lock,
+            python_version=python_version,
+            glibc=glibc,
+            index_url=index_url,
+            extra_index_urls=extra_index_url or [],
+            torch_index_url=torch_index_url,
+        ),
+        render.bundle,
+    )
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -343,40 +322,19 @@ def lab_up(
     json: Json = False,
 ) -> None:
     """Boot a disposable Debian 12 server (systemd-nspawn) and print how to reach it."""
-    from . import lab
-
-    try:
-        server = lab.up(name, devices=device or [])
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    if json:
-        render.print_json(server.to_dict())
-        return
-    render.lab_server(server)
+    _finish("lab up", json, lambda _: commands.lab_up(name, device or []), render.lab_server)
 
 
 @lab_app.command("down")
-def lab_down(name: Annotated[str, typer.Argument(help="Server name.")]) -> None:
+def lab_down(name: Annotated[str, typer.Argument(help="Server name.")], json: Json = False) -> None:
     """Stop a lab server and discard it with every change made inside it."""
-    from . import lab
-
-    try:
-        removed = lab.down(name)
-    except ProvisionerError as exc:
-        raise _fail(exc) from exc
-    render.console.print(Text(f"{name}: {'discarded' if removed else 'no such lab server'}"))
+    _finish("lab down", json, lambda _: commands.lab_down(name), render.lab_down)
 
 
 @lab_app.command("list")
 def lab_list(json: Json = False) -> None:
     """List lab servers."""
-    from . import lab
-
-    servers = lab.list_servers()
-    if json:
-        render.print_json([s.to_dict() for s in servers])
-    else:
-        render.lab_servers(servers)
+    _finish("lab list", json, lambda _: commands.lab_list(), render.lab_servers)
 
 
 def main() -> None:

@@ -58,7 +58,8 @@ def parse_extra_vars(pairs: list[str]) -> dict[str, Any]:
         try:
             out[key] = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError as exc:
-            raise BadInput(f"-e {key}: value {raw!r} is not valid YAML ({exc.problem})") from exc
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise BadInput(f"-e {key}: value {raw!r} is not valid YAML ({problem})") from exc
     specs = option_specs() if out else {}
     for key, value in out.items():
         check_choices(key, value, specs.get(key, {}))

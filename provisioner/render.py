@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -16,8 +16,35 @@ from rich.text import Text
 from .runs import Diff, HostResult, RunResult
 from .verify import VerifyResult
 
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from .commands import FactsOutcome, UpOutcome
+
+# Width of the output when it goes to a pipe, a file or a CI log: wide enough that a table
+# keeps each row on one line (a terminal's own width applies on a terminal; COLUMNS wins).
+PIPE_WIDTH = 1000
+
+
+class _Console(Console):
+    """A rich console that does not wrap at 80 columns when its output is not a terminal."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and not self.is_terminal and "COLUMNS" not in self._environ:
+            return ConsoleDimensions(PIPE_WIDTH, size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+def make_console(**kwargs: Any) -> Console:
+    return _Console(**kwargs)
+
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 _STATUS_STYLE = {
     "ok": "green",
@@ -81,9 +108,6 @@ def run_summary(result: RunResult) -> None:
             str(h.skipped),
         )
     console.print(table)
-    for h in result.hosts.values():
-        for e in h.errors:
-            error(e)
     console.print(Text(f"{result.seconds:.1f} s; log: {result.artifact_dir}", style="dim"))
 
 
@@ -193,17 +217,32 @@ def plan(plans_by_host: dict[str, dict[str, Any]]) -> None:
             console.print(Text("warning: ", style="yellow") + Text(w))
 
 
-def verify_summary(result: VerifyResult) -> None:
-    for host, checks in result.by_host().items():
-        table = Table(title=f"{host}: verify")
-        table.add_column("check")
-        table.add_column("result")
-        table.add_column("detail")
-        for c in checks:
-            table.add_row(Text(c.check), Text(c.outcome, style=_STATUS_STYLE.get(c.outcome, "")), Text(c.message))
-        console.print(table)
-    if not result.checks:
-        error("no checks ran: is the inventory's host pattern right?")
+def verify_summary(result: VerifyResult, verbose: bool = False) -> None:
+    """One line per host and role (passed, skipped: not configured, failed with the reasons); -v: every check."""
+    if verbose:
+        for host, checks in result.by_host().items():
+            table = Table(title=f"{host}: verify")
+            for col in ("role", "check", "result", "detail"):
+                table.add_column(col)
+            for c in checks:
+                table.add_row(
+                    Text(c.role), Text(c.check), Text(c.outcome, style=_STATUS_STYLE.get(c.outcome, "")), Text(c.message)
+                )
+            console.print(table)
+        return
+    summary = result.summary()
+    if not summary:
+        return
+    # No title: a pipe gets the table as wide as its widest row, and a title would be padded to it.
+    table = Table()
+    for col in ("host", "role", "result", "detail"):
+        table.add_column(col)
+    for s in summary:
+        first, *more = s.details
+        table.add_row(Text(s.host), Text(s.role), Text(s.outcome, style=_STATUS_STYLE.get(s.outcome, "")), Text(first))
+        for line in more:  # each further failure of the role on a line of its own
+            table.add_row("", "", "", Text(line))
+    console.print(table)
 
 
 def lab_servers(servers: list[Any]) -> None:
@@ -222,14 +261,6 @@ def lab_server(server: Any) -> None:
     console.print(Text(f"  discard:   provisioner lab down {server.name}"))
 
 
-def reboots(decision: Any, allowed: bool) -> None:
-    for host, reasons in decision.reboot.items():
-        console.print(Text(f"rebooted {host}: " + "; ".join(reasons), style="yellow"))
-    for host, reasons in decision.pending.items():
-        how = "reboot it yourself (this machine is never rebooted)" if allowed else "run again with --reboot"
-        console.print(Text(f"reboot pending on {host}: " + "; ".join(reasons) + f"; {how}", style="yellow"))
-
-
 def bundle(result: Any) -> None:
     console.print(
         Text(
@@ -237,7 +268,49 @@ def bundle(result: Any) -> None:
             f"({result.downloaded} downloaded, {result.reused} reused) in {result.seconds:.1f} s"
         )
     )
-    console.print(Text(f"install offline with: provisioner up -e mlstack_wheelhouse={result.path}"))
+
+
+def lock_update(update: Any) -> None:
+    pins = ", ".join(f"{c} {n}" for c, n in update.components.items())
+    console.print(Text(f"lock {update.path}: pins per component: {pins}"))
+
+
+def lab_down(outcome: dict[str, Any]) -> None:
+    console.print(Text(f"{outcome['name']}: {'discarded' if outcome['removed'] else 'no such lab server'}"))
+
+
+def fact_run(outcome: FactsOutcome, show: Callable[[dict[str, Any]], None]) -> None:
+    """A host's facts (or plans) as tables; the run's summary instead when it failed."""
+    if outcome.run.exit_code != 0:
+        run_summary(outcome.run)
+    else:
+        show(outcome.by_host())
+
+
+def up(outcome: UpOutcome, verbose: bool = False) -> None:
+    """Every step that ran: the changes (check mode, -v), the runs, verify, the smoke test."""
+    if outcome.run.check or verbose:
+        changes(outcome.run)
+    run_summary(outcome.run)
+    if outcome.rebooted is not None:
+        run_summary(outcome.rebooted)
+    if outcome.verified is not None:
+        verify_summary(outcome.verified, verbose)
+    if outcome.smoked is not None:
+        smoke_run(outcome.smoked)
+
+
+def undo(result: RunResult) -> None:
+    changes(result)
+    run_summary(result)
+
+
+def notes(messages: Iterable[str], errors: Iterable[str]) -> None:
+    """A result's messages (stdout) and its errors (stderr, one line each)."""
+    for m in messages:
+        console.print(Text(m, style="yellow"))
+    for e in errors:
+        error(e)
 
 
 _SMOKE_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim", "info": "cyan"}
@@ -247,10 +320,10 @@ def smoke_run(result: Any) -> None:
     """A smoke run: the playbook's summary when it failed, then the hosts' tables."""
     if result.run.exit_code != 0:
         run_summary(result.run)
-    smoke(result.reports, result.html)
+    smoke(result.reports)
 
 
-def smoke(reports: list[Any], html: Any = None) -> None:
+def smoke(reports: list[Any]) -> None:
     """One table per host: figure, limit, ratio, before/after, status and reason."""
     from .smoke import number
 
@@ -261,7 +334,7 @@ def smoke(reports: list[Any], html: Any = None) -> None:
             f"{hw.get('threads')} threads per job, {r.seconds:.0f} s"
         )
         table = Table(title=title, title_justify="left")
-        for col, just in (
+        columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
             ("check", "left"),
             ("figure", "right"),
             ("limit", "right"),
@@ -269,7 +342,8 @@ def smoke(reports: list[Any], html: Any = None) -> None:
             ("before", "right"),
             ("status", "left"),
             ("reason", "left"),
-        ):
+        )
+        for col, just in columns:
             table.add_column(col, justify=just, overflow="fold")
         for c in r.checks:
             figure = f"{number(c.figure)} {c.unit}".strip()
@@ -301,5 +375,3 @@ def smoke(reports: list[Any], html: Any = None) -> None:
                 style=_SMOKE_STYLE.get(r.status, ""),
             )
         )
-    if html:
-        console.print(Text(f"report: {html}"))

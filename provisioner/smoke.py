@@ -1,7 +1,8 @@
 """The smoke test's judgement: raw figures from a host -> checks against the hardware's limits.
 
 Pure functions (evaluate, peak derivation, regression and baseline comparison) plus the
-small history store under the state directory. The figures come from
+small history store under the state directory; `provisioner.commands.smoke` runs the
+playbook and `provisioner.report` renders the HTML. The figures come from
 roles/smoke/files/provisioner_smoke.py on the target; limits and their derivation follow
 docs/tuning.md, 'Smoke test limits' (which also gives each grade's reason and source):
 
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
+from .errors import ExitCode
+from .runs import RunResult
 
 PASS, WARN, FAIL, SKIP, INFO = "pass", "warn", "fail", "skip", "info"
 _RANK = {PASS: 0, INFO: 0, SKIP: 0, WARN: 1, FAIL: 2}
@@ -249,7 +252,7 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
 
 def repeat_spreads(results: dict[str, Any]) -> dict[str, list[float]]:
     """Lowest and highest figure over each workload's repeats (the run's own noise)."""
-    out: dict[str, list[float]] = {}
+    out: dict[str, list[float] | None] = {}
 
     def span(values: list[float]) -> list[float] | None:
         return [min(values), max(values)] if len(values) > 1 else None
@@ -479,7 +482,7 @@ def gbdt_checks(raw: dict[str, Any], gbdt: dict[str, Any]) -> list[Check]:
         return [problem]
     out = []
     for lib in ("xgboost", "lightgbm", "catboost"):
-        res = gbdt.get(lib)
+        res = gbdt.get(lib) or {}
         cid, title = f"gbdt.{lib}", f"{lib} hist training"
         problem = _problem(cid, "gradient boosting", title, res)
         if problem:
@@ -758,30 +761,28 @@ def judge(host: str, raw: dict[str, Any], keep: bool = True) -> HostReport:
     return report
 
 
-# ---------------------------------------------------------------- running it
+# ---------------------------------------------------------------- a run's outcome
 
 
 @dataclass
 class SmokeRun:
     """The playbook run that measured, and each measured host's judged report."""
 
-    run: Any  # engine.RunResult
+    run: RunResult
     reports: list[HostReport]
     html: Path | None = None
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         """The run's failure, else 1 when a tuned host failed a check (a baseline records, never fails)."""
-        from .errors import ExitCode
-
         if self.run.exit_code != ExitCode.OK:
-            return int(self.run.exit_code)
+            return self.run.exit_code
         failed = any(r.status == FAIL and r.mode == "tuned" for r in self.reports)
-        return int(ExitCode.HOST_FAILED) if failed else int(ExitCode.OK)
+        return ExitCode.HOST_FAILED if failed else ExitCode.OK
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "exit_code": self.exit_code,
+            "exit_code": int(self.exit_code),
             "run": self.run.to_dict(),
             "html": str(self.html) if self.html else None,
             "hosts": {r.host: r.to_dict() for r in self.reports},
@@ -790,28 +791,3 @@ class SmokeRun:
 
 def default_html() -> Path:
     return paths.state_dir() / "smoke" / "report.html"
-
-
-def measure(
-    inventory: Path,
-    *,
-    limit: str | None = None,
-    profile: str = "quick",
-    baseline: bool = False,
-    extravars: dict[str, Any] | None = None,
-    accept_new_host_keys: bool = False,
-    on_progress: Any = None,
-    html: Path | None = None,
-) -> SmokeRun:
-    """Run playbooks/smoke.yml, judge every host's figures, keep them, write the HTML report."""
-    from . import engine, report
-
-    extra = {**(extravars or {}), "smoke_profile": profile, "smoke_mode": "baseline" if baseline else "tuned"}
-    run = engine.run_playbook(
-        "smoke.yml", inventory, limit=limit, extravars=extra, accept_new_host_keys=accept_new_host_keys, on_progress=on_progress
-    )
-    reports = [judge(host, facts["smoke_result"]) for host, facts in sorted(run.facts.items()) if facts.get("smoke_result")]
-    out = None
-    if reports:
-        out = report.write_html(reports, html or default_html())
-    return SmokeRun(run, reports, out)

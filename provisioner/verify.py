@@ -1,4 +1,8 @@
-"""Runs the testinfra checks against an inventory and collects per-host results."""
+"""Runs the testinfra checks against an inventory and collects per-host results.
+
+Each role's checks live in checks/test_<role>.py; `summarize` folds them into one line per
+host and role (passed, skipped: not configured, or failed with each failure's reason).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,50 @@ class CheckResult:
     check: str
     outcome: str  # passed / failed / skipped
     message: str = ""
+    role: str = ""  # the role whose promise the check holds (its file: checks/test_<role>.py)
+
+
+@dataclass(frozen=True)
+class RoleSummary:
+    """A role's checks on one host in one line: passed, skipped (nothing configured) or failed."""
+
+    host: str
+    role: str
+    outcome: str  # passed / skipped / failed
+    checks: tuple[CheckResult, ...]
+
+    @property
+    def failures(self) -> tuple[CheckResult, ...]:
+        return tuple(c for c in self.checks if c.outcome == "failed")
+
+    @property
+    def details(self) -> tuple[str, ...]:
+        """Why: each failed check with its reason in full, else one line (why nothing ran, or what passed)."""
+        if self.outcome == "failed":
+            return tuple(f"{c.check}: {c.message}" if c.message else c.check for c in self.failures)
+        if self.outcome == "skipped":
+            reasons = list(dict.fromkeys(c.message for c in self.checks if c.message))
+            return ("not configured" + (f" ({reasons[0]})" if len(reasons) == 1 else ""),)
+        passed = sum(c.outcome == "passed" for c in self.checks)
+        skipped = len(self.checks) - passed
+        return (f"{passed} check{'s' if passed != 1 else ''}" + (f", {skipped} skipped" if skipped else ""),)
+
+
+def summarize(checks: list[CheckResult]) -> list[RoleSummary]:
+    """One summary per host and role, in the order the checks ran."""
+    groups: dict[tuple[str, str], list[CheckResult]] = {}
+    for c in checks:
+        groups.setdefault((c.host, c.role), []).append(c)
+    out = []
+    for (host, role), cs in groups.items():
+        if any(c.outcome == "failed" for c in cs):
+            outcome = "failed"
+        elif all(c.outcome == "skipped" for c in cs):
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        out.append(RoleSummary(host, role, outcome, tuple(cs)))
+    return out
 
 
 @dataclass
@@ -39,12 +87,19 @@ class VerifyResult:
             out.setdefault(c.host, []).append(c)
         return out
 
+    def summary(self) -> list[RoleSummary]:
+        return summarize(self.checks)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "exit_code": int(self.exit_code),
             "hosts": {
-                h: [{"check": c.check, "outcome": c.outcome, "message": c.message} for c in cs]
+                h: [{"check": c.check, "role": c.role, "outcome": c.outcome, "message": c.message} for c in cs]
                 for h, cs in self.by_host().items()
+            },
+            "roles": {
+                h: {s.role: {"outcome": s.outcome, "details": list(s.details)} for s in self.summary() if s.host == h}
+                for h in self.by_host()
             },
         }
 
@@ -54,7 +109,7 @@ class _Collector:
 
     def __init__(self) -> None:
         self.results: list[CheckResult] = []
-        self._names: dict[str, tuple[str, str]] = {}
+        self._names: dict[str, tuple[str, str, str]] = {}
 
     def pytest_collection_modifyitems(self, items: list[Any]) -> None:
         for item in items:
@@ -62,13 +117,14 @@ class _Collector:
             target = params.pop("_testinfra_host", None)
             host = target.backend.get_pytest_id().split("://", 1)[-1] if target else "?"
             suffix = "-".join(str(v) for v in params.values())
-            self._names[item.nodeid] = (host, f"{item.originalname}[{suffix}]" if suffix else item.originalname)
+            role = Path(str(item.path)).stem.removeprefix("test_")
+            self._names[item.nodeid] = (host, f"{item.originalname}[{suffix}]" if suffix else item.originalname, role)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         failed_setup = report.when == "setup" and report.outcome != "passed"
         if report.when != "call" and not failed_setup:
             return
-        host, name = self._names.get(report.nodeid, ("?", report.nodeid))
+        host, name, role = self._names.get(report.nodeid, ("?", report.nodeid, ""))
         message = ""
         if report.outcome == "failed":
             text = str(report.longrepr)
@@ -76,7 +132,7 @@ class _Collector:
             message = errors[0] if errors else text.strip().splitlines()[-1]
         elif report.outcome == "skipped" and isinstance(report.longrepr, tuple):
             message = str(report.longrepr[-1])
-        self.results.append(CheckResult(host, name, report.outcome, message))
+        self.results.append(CheckResult(host, name, report.outcome, message, role))
 
 
 def site_roles() -> tuple[str, ...]:

@@ -77,7 +77,7 @@ def wheelhouse() -> list[str]:
 def applied(before, wheelhouse):
     r = cli("up", "--tags", ROLES, *OPTIONS, *wheelhouse, "--json")
     assert r.returncode == ExitCode.OK, r.stdout[-4000:] + r.stderr
-    return json.loads(r.stdout)
+    return json.loads(r.stdout)["data"]
 
 
 def test_live_values_follow_the_plan(applied, before):
@@ -109,7 +109,7 @@ def test_services_get_the_plans_threads(applied):
 def test_second_run_changes_nothing(applied, wheelhouse):
     r = cli("up", "--tags", ROLES, *OPTIONS, *wheelhouse, "--json", "--no-verify")
     assert r.returncode == ExitCode.OK, r.stderr
-    assert json.loads(r.stdout)["hosts"]["localhost"]["changed"] == 0
+    assert json.loads(r.stdout)["data"]["hosts"]["localhost"]["changed"] == 0
 
 
 def test_ml_environment_belongs_to_the_ml_user(applied):
@@ -122,7 +122,7 @@ def test_ml_environment_belongs_to_the_ml_user(applied):
 def test_check_run_after_converging_reports_nothing(applied, wheelhouse):
     r = cli("up", "--tags", ROLES, *OPTIONS, *wheelhouse, "--check", "--json", "--no-verify")
     assert r.returncode == ExitCode.OK, r.stderr
-    out = json.loads(r.stdout)
+    out = json.loads(r.stdout)["data"]
     assert out["hosts"]["localhost"]["changed"] == 0, [c["task"] for c in out["changes"]]
 
 
@@ -134,5 +134,5 @@ def test_undo_restores_every_value_and_is_harmless_twice(applied, before):
     assert not list(Path("/etc/systemd/system.conf.d").glob("*provisioner*"))
     again = cli("undo", "--json")
     assert again.returncode == ExitCode.OK, again.stderr
-    assert json.loads(again.stdout)["hosts"]["localhost"]["changed"] == 0
+    assert json.loads(again.stdout)["data"]["hosts"]["localhost"]["changed"] == 0
     assert {k: read(k) for k in KNOBS} == before

@@ -22,9 +22,13 @@ def cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 def cli_json(*args: str) -> tuple[int, dict]:
+    """The exit code and the command's data, from the JSON envelope every command prints."""
     r = cli(*args, "--json")
     assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
-    return r.returncode, json.loads(r.stdout)
+    envelope = json.loads(r.stdout)
+    assert envelope["schema"] == 1 and envelope["command"] == args[0], envelope
+    assert envelope["exit_code"] == r.returncode, envelope
+    return r.returncode, envelope["data"]
 
 
 def ssh(server, command: str) -> subprocess.CompletedProcess:

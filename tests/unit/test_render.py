@@ -1,0 +1,59 @@
+"""Output to a pipe or a CI log stays readable: no wrapping at 80 columns; diffs from plain data."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from provisioner import render
+from provisioner.runs import Change, Diff, HostResult, RunResult
+from provisioner.smoke import Check, HostReport
+
+LONG_REASON = (
+    "1 -> 16 cores: 5.2x (33% of linear); more threads barely help: oversubscription, a thread cap, or memory-bound "
+    "(see the plan's threads_per_job)"
+)
+
+
+def report() -> HostReport:
+    check = Check("gbdt.xgboost", "gradient boosting", "xgboost hist training", "warn", LONG_REASON, 12.5, "M row-trees/s", 38.0)
+    hardware = {"cpu": "AMD EPYC 9354", "physical_cores": 16, "threads": 16}
+    return HostReport("train-01", "tuned", "quick", "2026-12-01T10:00:00Z", 88.0, hardware, [check])
+
+
+def test_a_pipe_gets_each_table_row_on_one_line(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()  # not a terminal
+    monkeypatch.setattr(render, "console", render.make_console(file=out))
+    render.smoke([report()])
+    text = out.getvalue()
+    assert any(LONG_REASON in line for line in text.splitlines()), text
+    assert max(len(line) for line in text.splitlines()) > 80
+
+
+def test_a_terminal_keeps_its_own_width(monkeypatch):
+    out = io.StringIO()
+    console = render.make_console(file=out, force_terminal=True, width=80)
+    monkeypatch.setattr(render, "console", console)
+    render.smoke([report()])
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())  # without the colour codes
+    assert max(len(line) for line in plain.splitlines()) <= 80
+
+
+def test_columns_wins_on_a_pipe(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    assert render.make_console(file=io.StringIO()).width == 100
+
+
+def test_changes_show_before_and_after_as_a_diff(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(render, "console", render.make_console(file=out))
+    diffs = [Diff("vm.swappiness = 60\n", "vm.swappiness = 10\n", "/etc/sysctl.d/90-ml.conf", "/etc/sysctl.d/90-ml.conf")]
+    changes = [Change("web1", "Write the sysctl settings", diffs), Change("web1", "Install packages", [Diff(text="Installed: htop")])]
+    run = RunResult("site.yml", True, 0, {"web1": HostResult("web1", changed=2)}, {}, changes, Path("/x"), 1.0)
+    render.changes(run)
+    text = out.getvalue()
+    assert "would change web1: Write the sysctl settings" in text
+    assert "-vm.swappiness = 60" in text and "+vm.swappiness = 10" in text
+    assert "Installed: htop" in text
