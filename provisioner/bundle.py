@@ -11,7 +11,7 @@ Public API (the ``provisioner bundle`` command calls these):
 - :func:`build_wheelhouse` downloads the wheels of the chosen components into a directory,
   reusing the wheels already there (a cache), and returns a :class:`BundleResult`.
 - :func:`generate_lock` resolves the lock's requirements with pip's resolver and writes the
-  lock (``python -m provisioner.bundle lock`` regenerates ``requirements/mlstack.lock``).
+  lock (``provisioner bundle --update-lock`` regenerates ``requirements/mlstack.lock``).
 - Pure helpers: :func:`parse_lock`, :func:`load_lock`, :func:`select_components`,
   :func:`select_pins`, :func:`validate_wheelhouse`, :func:`closures`,
   :func:`manylinux_platforms`, :func:`parse_wheel`.
@@ -22,9 +22,6 @@ A missing pin, a package pip cannot find or a wheel missing from a wheelhouse ra
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -32,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +43,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import paths
 from .errors import BadInput, ProvisionerError
+from .system import locked, run
 
 LOCK_SCHEMA = 1
 DEFAULT_LOCK = paths.REQUIREMENTS / "mlstack.lock"
@@ -264,7 +262,7 @@ def parse_lock(text: str, where: str = "mlstack.lock") -> Lock:
         requirements=requirements,
         components=components,
     )
-    lock.platforms  # a bad glibc is refused here
+    manylinux_platforms(lock.glibc, lock.arch)  # a bad glibc is refused here
     return lock
 
 
@@ -401,7 +399,7 @@ def render_lock(lock: Lock) -> str:
         f"# (manylinux_{lock.glibc.replace('.', '_')} and older wheels).\n"
         "# Generated from `requirements` below by pip's resolver; do not edit the pins by hand.\n"
         "# To change a component, edit its requirements here and regenerate:\n"
-        "#   .venv/bin/python -m provisioner.bundle lock\n"
+        "#   .venv/bin/provisioner bundle --update-lock\n"
         "# then rebuild wheelhouses (provisioner bundle).\n"
     )
     body = {
@@ -439,24 +437,9 @@ def _index_args(index_url: str | None, extra_index_urls: Sequence[str]) -> list[
     return args
 
 
-def _run_pip(args: list[str], what: str, timeout: float) -> subprocess.CompletedProcess:
+def _run_pip(args: list[str], what: str, timeout: float) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
-    try:
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise ProvisionerError(f"pip took longer than {timeout:.0f} s to {what}: check the network and the indexes")
-    return r
-
-
-@contextlib.contextmanager
-def _locked(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return run(cmd, f"pip could not {what}", "check the network and the indexes", check=False, timeout=timeout)
 
 
 def build_wheelhouse(
@@ -487,13 +470,13 @@ def build_wheelhouse(
     if lock.python_version != python_version:
         raise BadInput(
             f"the lock {lock_path} is resolved for Python {lock.python_version}, not {python_version}: "
-            f"regenerate it with Python {python_version} (python -m provisioner.bundle lock)"
+            f"regenerate it with Python {python_version} (provisioner bundle --update-lock)"
         )
     plats = list(platforms or lock.platforms)
     chosen = select_components(components, known=list(dict.fromkeys([*COMPONENTS, *lock.components])))
     pins = select_pins(lock, chosen)
     fix = "fix the pin in the lock, or check that the index serves it for this Python and platform"
-    with _locked(dest):
+    with locked(dest / ".lock"):
         before = validate_wheelhouse(dest, pins, python_version=python_version, platforms=plats)
         todo = before.missing + list(before.incompatible)
         groups: list[tuple[list[Pin], list[str]]] = []
@@ -583,10 +566,10 @@ def generate_lock(
     if requirements is None:
         existing = Path(output) if output else None
         requirements = load_lock(existing).requirements if existing and existing.exists() else DEFAULT_REQUIREMENTS
-    requirements = {k: list(v) for k, v in requirements.items()}
-    select_components(requirements, known=list(dict.fromkeys([*COMPONENTS, *requirements])))
+    wanted = {k: list(v) for k, v in requirements.items()}
+    select_components(wanted, known=list(dict.fromkeys([*COMPONENTS, *wanted])))
     plats = manylinux_platforms(glibc, arch)
-    all_reqs = list(dict.fromkeys(r for reqs in requirements.values() for r in reqs))
+    all_reqs = list(dict.fromkeys(r for reqs in wanted.values() for r in reqs))
     extra = [*extra_index_urls, *([torch_index_url] if torch_index_url else [])]
     with tempfile.TemporaryDirectory(prefix="mlstack-lock-") as tmp:
         req_file = Path(tmp) / "requirements.txt"
@@ -622,8 +605,8 @@ def generate_lock(
         python_version=python_version,
         glibc=glibc,
         arch=arch,
-        requirements=requirements,
-        components=closures(report, requirements, marker_environment(python_version, arch)),
+        requirements=wanted,
+        components=closures(report, wanted, marker_environment(python_version, arch)),
     )
     if output:
         out = Path(output)
@@ -637,58 +620,3 @@ def generate_lock(
 def default_wheelhouse() -> Path:
     """Where builds are cached on the control node: /var/cache/provisioner/wheelhouse."""
     return paths.cache_dir() / "wheelhouse"
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m provisioner.bundle lock|build``: regenerate the lock, build a wheelhouse."""
-    parser = argparse.ArgumentParser(prog="python -m provisioner.bundle", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    lock_p = sub.add_parser("lock", help="resolve the requirements again and rewrite the lock")
-    lock_p.add_argument("--output", type=Path, default=DEFAULT_LOCK)
-    build_p = sub.add_parser("build", help="download the wheels of some components into a directory")
-    build_p.add_argument("dest", type=Path, nargs="?", default=None, help=f"default: {default_wheelhouse()}")
-    build_p.add_argument("-c", "--component", action="append", default=[], help=f"one of {', '.join(COMPONENTS)}")
-    build_p.add_argument("--lock", type=Path, default=DEFAULT_LOCK)
-    for p in (lock_p, build_p):
-        p.add_argument("--python-version", default=DEFAULT_PYTHON)
-    lock_p.add_argument("--glibc", default=DEFAULT_GLIBC, help="oldest glibc of the targets (manylinux)")
-    build_p.add_argument("--glibc", help="oldest glibc of the targets (default: the lock's)")
-    for p in (lock_p, build_p):
-        p.add_argument("--index-url")
-        p.add_argument("--extra-index-url", action="append", default=[])
-        p.add_argument("--torch-index-url")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "lock":
-            lock = generate_lock(
-                args.output,
-                python_version=args.python_version,
-                glibc=args.glibc,
-                index_url=args.index_url,
-                extra_index_urls=args.extra_index_url,
-                torch_index_url=args.torch_index_url,
-            )
-            print(json.dumps({c: len(p) for c, p in lock.components.items()}))
-        else:
-            result = build_wheelhouse(
-                args.dest or default_wheelhouse(),
-                args.component or ["core", "gbdt"],
-                lock_path=args.lock,
-                python_version=args.python_version,
-                platforms=manylinux_platforms(args.glibc) if args.glibc else None,
-                index_url=args.index_url,
-                extra_index_urls=args.extra_index_url,
-                torch_index_url=args.torch_index_url,
-            )
-            print(json.dumps(result.to_dict(), indent=1))
-    except ProvisionerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return int(exc.exit_code)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

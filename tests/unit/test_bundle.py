@@ -82,7 +82,7 @@ def test_render_and_parse_round_trip():
     again = bundle.parse_lock(bundle.render_lock(parsed))
     assert again.components == parsed.components
     assert again.requirements == parsed.requirements
-    assert "python -m provisioner.bundle lock" in bundle.render_lock(parsed)
+    assert "provisioner bundle --update-lock" in bundle.render_lock(parsed)
 
 
 def test_select_components_adds_core_and_keeps_order():
