@@ -278,26 +278,13 @@ def bundle(
     json: Json = False,
 ) -> None:
     """Build a wheelhouse of the pinned ML stack for offline installs (mlstack_wheelhouse=DIR)."""
-    if update_lock:
-        _finish(
-            "bundle",
-            json,
-            lambda _: commands.update_lock(
-                lock,
-                python_version=python_version,
-                glibc=glibc,
-                index_url=index_url,
-                extra_index_urls=extra_index_url or [],
-                torch_index_url=torch_index_url,
-            ),
-            render.lock_update,
-        )
     _finish(
         "bundle",
         json,
         lambda _: commands.bundle(
             dest,
             component or [],
+            update_lock=update_lock,
             lock=lock,
             python_version=python_version,
             glibc=glibc,
@@ -305,7 +292,7 @@ def bundle(
             extra_index_urls=extra_index_url or [],
             torch_index_url=torch_index_url,
         ),
-        render.bundle,
+        lambda outcome: render.lock_update(outcome) if update_lock else render.bundle(outcome),
     )
 
 

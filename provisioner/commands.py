@@ -43,23 +43,10 @@ class FactsOutcome:
         return self.by_host()
 
 
-def read_fact(
-    command: str,
-    fact: str,
-    inventory: Path | None,
-    *,
-    limit: str | None = None,
-    extravars: dict[str, Any] | None = None,
-    accept_new_host_keys: bool = False,
-) -> Result[FactsOutcome]:
-    """Run playbooks/facts.yml (changes nothing) and keep one fact of every host."""
-    run = engine.run_playbook(
-        "facts.yml",
-        engine.resolve_inventory(inventory),
-        limit=limit,
-        extravars=extravars,
-        accept_new_host_keys=accept_new_host_keys,
-    )
+def read_fact(command: str, fact: str, inventory: Path | None, **run_options: Any) -> Result[FactsOutcome]:
+    """Run playbooks/facts.yml (changes nothing) and keep one fact of every host; `run_options`
+    are engine.run_playbook's (limit, extravars, accept_new_host_keys)."""
+    run = engine.run_playbook("facts.yml", engine.resolve_inventory(inventory), **run_options)
     return Result(command, FactsOutcome(run, fact), run.exit_code, errors=tuple(run.errors))
 
 
@@ -160,23 +147,10 @@ def reboot_messages(decision: RebootDecision, allowed: bool) -> tuple[str, ...]:
 # ---------------------------------------------------------------- undo
 
 
-def undo(
-    inventory: Path | None,
-    *,
-    limit: str | None = None,
-    check: bool = False,
-    accept_new_host_keys: bool = False,
-    on_progress: ProgressCallback | None = None,
-) -> Result[RunResult]:
-    """Restore what the tuning changed, from the originals each host recorded (undo.yml)."""
-    run = engine.run_playbook(
-        "undo.yml",
-        engine.resolve_inventory(inventory),
-        limit=limit,
-        check=check,
-        accept_new_host_keys=accept_new_host_keys,
-        on_progress=on_progress,
-    )
+def undo(inventory: Path | None, **run_options: Any) -> Result[RunResult]:
+    """Restore what the tuning changed, from the originals each host recorded (undo.yml);
+    `run_options` are engine.run_playbook's (limit, check, accept_new_host_keys, on_progress)."""
+    run = engine.run_playbook("undo.yml", engine.resolve_inventory(inventory), **run_options)
     return Result("undo", run, run.exit_code, errors=tuple(run.errors))
 
 
@@ -242,6 +216,7 @@ def bundle(
     dest: Path | None,
     components: Sequence[str],
     *,
+    update_lock: bool = False,
     lock: Path | None = None,
     python_version: str | None = None,
     glibc: str | None = None,
@@ -249,45 +224,26 @@ def bundle(
     extra_index_urls: Sequence[str] = (),
     torch_index_url: str | None = None,
 ) -> Result[Any]:
-    """Build a wheelhouse of the lock's pins for some components (the default: core and gbdt)."""
+    """Build a wheelhouse of the lock's pins for some components (the default: core and gbdt),
+    or, with `update_lock`, resolve the lock's requirements again and rewrite the lock file."""
     from . import bundle as bundles
 
+    indexes: dict[str, Any] = {"index_url": index_url, "extra_index_urls": extra_index_urls, "torch_index_url": torch_index_url}
+    python = python_version or bundles.DEFAULT_PYTHON
+    if update_lock:
+        path = lock or bundles.DEFAULT_LOCK
+        resolved = bundles.generate_lock(path, python_version=python, glibc=glibc or bundles.DEFAULT_GLIBC, **indexes)
+        counts = {c: len(p) for c, p in resolved.components.items()}
+        return Result("bundle", LockUpdate(path, counts), messages=("rebuild the wheelhouses from it: provisioner bundle",))
     built = bundles.build_wheelhouse(
         dest or bundles.default_wheelhouse(),
         list(components) or ["core", "gbdt"],
         lock_path=lock or bundles.DEFAULT_LOCK,
-        python_version=python_version or bundles.DEFAULT_PYTHON,
+        python_version=python,
         platforms=bundles.manylinux_platforms(glibc) if glibc else None,
-        index_url=index_url,
-        extra_index_urls=extra_index_urls,
-        torch_index_url=torch_index_url,
+        **indexes,
     )
     return Result("bundle", built, messages=(f"install offline with: provisioner up -e mlstack_wheelhouse={built.path}",))
-
-
-def update_lock(
-    lock: Path | None = None,
-    *,
-    python_version: str | None = None,
-    glibc: str | None = None,
-    index_url: str | None = None,
-    extra_index_urls: Sequence[str] = (),
-    torch_index_url: str | None = None,
-) -> Result[LockUpdate]:
-    """Resolve the lock's requirements again and rewrite the lock file."""
-    from . import bundle as bundles
-
-    path = lock or bundles.DEFAULT_LOCK
-    resolved = bundles.generate_lock(
-        path,
-        python_version=python_version or bundles.DEFAULT_PYTHON,
-        glibc=glibc or bundles.DEFAULT_GLIBC,
-        index_url=index_url,
-        extra_index_urls=extra_index_urls,
-        torch_index_url=torch_index_url,
-    )
-    counts = {c: len(p) for c, p in resolved.components.items()}
-    return Result("bundle", LockUpdate(path, counts), messages=("rebuild the wheelhouses from it: provisioner bundle",))
 
 
 # ---------------------------------------------------------------- lab servers
