@@ -7,6 +7,8 @@
   plugins/module_utils/provisioner_constants.py (the file the modules and the plan read).
 - ``numa_nodes | provisioner_numa_balancing(tuned_profile)``: the plan's kernel.numa_balancing
   rule (provisioner.plan), the standalone fallback of cpu_tuning_numa_balancing.
+- ``recorded | provisioner_originals_grow(current, keys)``: an undo record with the lists under
+  ``keys`` extended by what a later run adds (role _common, tasks/record.yml).
 """
 
 from __future__ import annotations
@@ -48,9 +50,22 @@ def provisioner_numa_balancing(numa_nodes, tuned_profile):
     return numa_balancing(int(numa_nodes), str(tuned_profile))
 
 
+def provisioner_originals_grow(recorded, current, keys):
+    """RECORDED with each list under KEYS followed by CURRENT's items it lacks (order kept).
+
+    Everything else stays as the first run recorded it: those are the true originals."""
+    grown = dict(recorded)
+    for key in keys:
+        items = list(grown.get(key) or [])
+        items += [item for item in (current.get(key) or []) if item not in items]
+        grown[key] = items
+    return grown
+
+
 class FilterModule:
     def filters(self):
         return {
             "provisioner_constant": provisioner_constant,
             "provisioner_numa_balancing": provisioner_numa_balancing,
+            "provisioner_originals_grow": provisioner_originals_grow,
         }

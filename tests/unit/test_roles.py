@@ -51,3 +51,60 @@ def test_ansible_lint_production_profile():
         timeout=300,
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+# --------------------------------------------------------------------------
+# role shared: the plumbing the roles share (undo records)
+# --------------------------------------------------------------------------
+
+SHARED = ROOT / "roles" / "shared"
+# Roles that change host values and record the originals for their undo.
+RECORDING = sorted(
+    r for r in ROLES
+    if (ROOT / "roles" / r / "tasks" / "record.yml").exists()
+    and "tasks_from: record" in (ROOT / "roles" / r / "tasks" / "record.yml").read_text()
+)
+
+
+def _task_files(role: str) -> list[Path]:
+    return sorted((ROOT / "roles" / role / "tasks").glob("*.yml"))
+
+
+def test_shared_entry_points_are_its_task_files_and_documented():
+    specs = load(SHARED / "meta" / "argument_specs.yml")["argument_specs"]
+    assert set(specs) == {p.stem for p in (SHARED / "tasks").glob("*.yml")}
+    assert not (SHARED / "tasks" / "main.yml").exists(), "shared is included by entry point, never applied whole"
+    for entry, body in specs.items():
+        assert body.get("short_description", "").startswith("Internal"), entry
+        for name, option in body["options"].items():
+            assert name.startswith("shared_"), f"{entry}: {name}"
+            assert option.get("description") and option.get("type"), f"{entry}: {name}"
+
+
+def test_every_role_that_changes_host_values_records_them():
+    assert RECORDING == ["allocator", "cpu_tuning", "hugepages", "mlstack", "storage", "thread_env"]
+    for role in ROLES:
+        has_undo = (ROOT / "roles" / role / "tasks" / "undo.yml").exists()
+        assert (role in RECORDING) == (has_undo and role != "smoke"), role
+
+
+@pytest.mark.parametrize("role", RECORDING)
+def test_the_record_phase_comes_first_and_runs_with_every_later_phase(role):
+    tasks = load(ROOT / "roles" / role / "tasks" / "main.yml")
+    files = [t["ansible.builtin.include_tasks"]["file"] for t in tasks]
+    assert files[:2] == ["preflight.yml", "record.yml"], files
+    record_tags = set(tasks[1]["tags"])
+    assert f"{role}_record" in record_tags and set(tasks[1]["ansible.builtin.include_tasks"]["apply"]["tags"]) == record_tags
+    for task in tasks[2:]:
+        phase = next(t for t in task["tags"] if t.startswith(f"{role}_"))
+        assert phase in record_tags, f"--tags {phase} would change {role} without recording the originals"
+
+
+@pytest.mark.parametrize("role", RECORDING)
+def test_records_are_read_and_removed_through_shared(role):
+    undo = "\n".join(p.read_text() for p in _task_files(role) if p.name.startswith(("undo", "read")))
+    assert "tasks_from: read" in undo and "tasks_from: remove" in undo
+    for path in [*_task_files(role), ROOT / "roles" / role / "vars" / "main.yml"]:
+        code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+        # The record's file is role shared's: no role names it, writes it or deletes it itself.
+        assert f"originals/{role}.json" not in code and "_originals_file" not in code, path
