@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,3 +109,52 @@ def test_records_are_read_and_removed_through_shared(role):
         code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
         # The record's file is role shared's: no role names it, writes it or deletes it itself.
         assert f"originals/{role}.json" not in code and "_originals_file" not in code, path
+
+
+# --------------------------------------------------------------------------
+# preflight: the argument spec validates the options
+# --------------------------------------------------------------------------
+
+SITE_PREFLIGHTS = sorted(
+    task["ansible.builtin.include_role"]["name"]
+    for task in load(ROOT / "playbooks" / "site.yml")[0]["tasks"]
+    if task.get("ansible.builtin.include_role", {}).get("tasks_from") == "preflight"
+)
+
+
+def test_site_runs_every_preflight_first():
+    assert SITE_PREFLIGHTS == sorted(r for r in ROLES if (ROOT / "roles" / r / "tasks" / "preflight.yml").exists()
+                                     and r != "smoke")
+
+
+@pytest.mark.parametrize("role", SITE_PREFLIGHTS)
+def test_preflight_entry_point_validates_the_main_options(role):
+    specs = load(ROOT / "roles" / role / "meta" / "argument_specs.yml")["argument_specs"]
+    assert specs["preflight"]["options"] == specs["main"]["options"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the preflight looks up accounts as root")
+def test_a_bad_choice_is_refused_by_the_spec_naming_the_option(tmp_path):
+    book = tmp_path / "play.yml"
+    book.write_text(yaml.safe_dump([{
+        "name": "Preflight", "hosts": "localhost", "connection": "local", "gather_facts": False,
+        "tasks": [{"name": "Check the input of role storage",
+                   "ansible.builtin.include_role": {"name": "storage", "tasks_from": "preflight"}}],
+    }]))
+    bindir = Path(sys.executable).parent
+    r = subprocess.run(
+        [str(bindir / "ansible-playbook"), "-i", "localhost,", str(book), "-e", "storage_level=raid5",
+         "-e", "storage_chunk_kb=100", "-e", f"ansible_python_interpreter={sys.executable}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_LOCALHOST_WARNING": "false"},
+    )
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-2000:]
+    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
+    failed = [t for t in tasks if t["hosts"]["localhost"].get("failed")]
+    assert [t["task"]["name"] for t in failed] == ["storage : Validating arguments against arg spec 'preflight' - "
+                                                  "Check the options of role storage and the host before any change "
+                                                  "(site.yml runs every preflight first)"]
+    errors = " ".join(failed[0]["hosts"]["localhost"]["argument_errors"])
+    assert "storage_level must be one of: raid0, raid1, raid10, single, got: raid5" in errors
+    assert "storage_chunk_kb must be one of" in errors
