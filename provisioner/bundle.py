@@ -272,7 +272,7 @@ def load_lock(path: Path | str = DEFAULT_LOCK) -> Lock:
         text = path.read_text()
     except OSError as exc:
         raise BadInput(
-            f"cannot read the lock {path}: {exc.strerror}; regenerate it with `python -m provisioner.bundle lock`"
+            f"cannot read the lock {path}: {exc.strerror}; regenerate it with `provisioner bundle --update-lock`"
         ) from exc
     return parse_lock(text, str(path))
 

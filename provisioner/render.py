@@ -14,10 +14,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .runs import Diff, HostResult, RunResult
-from .verify import VerifyResult
 
 if TYPE_CHECKING:
     from .commands import FactsOutcome, UpOutcome
+    from .verify import VerifyResult
 
 # Width of the output when it goes to a pipe, a file or a CI log: wide enough that a table
 # keeps each row on one line (a terminal's own width applies on a terminal; COLUMNS wins).

@@ -166,3 +166,29 @@ def test_cli_errors_leave_by_one_path_with_json_too(tmp_path):
     env = json.loads(out.stdout)
     assert env["command"] == "verify" and env["data"] is None and "does not exist" in env["errors"][0]
     assert out.stderr.startswith("error: ") and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_bundle_builds_or_updates_the_lock_from_one_command(monkeypatch, tmp_path):
+    from provisioner import bundle
+
+    calls = []
+
+    def build(dest, components, **kwargs):
+        calls.append(("build", components, kwargs["lock_path"]))
+        return bundle.BundleResult(path=Path(dest), files=["a.whl"], bytes=10, seconds=0.1, components=components)
+
+    def generate(output, **kwargs):
+        calls.append(("lock", output, kwargs["glibc"]))
+        return bundle.parse_lock("schema: 1\ncomponents: {core: [numpy==2.4.6, scipy==1.16.0]}\n")
+
+    monkeypatch.setattr(bundle, "build_wheelhouse", build)
+    monkeypatch.setattr(bundle, "generate_lock", generate)
+    out = runner.invoke(app, ["bundle", str(tmp_path / "wh"), "-c", "torch", "--json"])
+    assert out.exit_code == 0, out.output
+    env = json.loads(out.stdout)
+    assert env["command"] == "bundle" and env["data"]["files"] == ["a.whl"]
+    assert calls == [("build", ["torch"], bundle.DEFAULT_LOCK)]
+    out = runner.invoke(app, ["bundle", "--update-lock", "--lock", str(tmp_path / "new.lock")])
+    assert out.exit_code == 0, out.output
+    assert calls[-1] == ("lock", tmp_path / "new.lock", bundle.DEFAULT_GLIBC)
+    assert "core 2" in out.stdout
