@@ -8,6 +8,7 @@ plan rendered from the plan the host recorded (/etc/provisioner/plan.json).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from collections.abc import Iterator
@@ -67,6 +68,7 @@ def _ansible_filters() -> dict[str, Any]:
     return filters
 
 
+@functools.cache
 def _project_filters() -> dict[str, Any]:
     """The filters the roles' defaults use from plugins/filter/provisioner.py."""
     spec = importlib.util.spec_from_file_location("provisioner_filters", paths.PLUGINS / "filter" / "provisioner.py")
