@@ -144,11 +144,18 @@ def _inventory_env() -> dict[str, str]:
 
 
 def ensure_tools_on_path() -> None:
-    # ansible-runner shells out to ansible-playbook: the interpreter's bin must be on PATH.
+    """ansible-runner shells out to ansible-playbook and ansible-inventory: put the
+    interpreter's bin first on PATH, and say so plainly when they are not there."""
     bindir = str(Path(sys.executable).parent)
     parts = os.environ.get("PATH", "").split(os.pathsep)
     if bindir not in parts:
         os.environ["PATH"] = os.pathsep.join([bindir, *parts])
+    missing = [tool for tool in ("ansible-playbook", "ansible-inventory") if shutil.which(tool) is None]
+    if missing:
+        raise ProvisionerError(
+            f"{' and '.join(missing)} not found beside {sys.executable}: reinstall provisioner with its "
+            "dependencies (bash install.sh, or pipx install .)"
+        )
 
 
 def _run_env(accept_new_host_keys: bool) -> dict[str, str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from provisioner import engine, paths
 from provisioner.errors import ExitCode
 from provisioner.runs import Diff, RunResult
@@ -106,3 +108,18 @@ def test_a_change_without_a_diff_is_still_listed():
     run = collect([play_start("p1", "x"), ok("web1", "p1", "Create the ML user", changed=True)])
     assert [(c.host, c.task, c.diff) for c in run.changes] == [("web1", "Create the ML user", [])]
     assert run.to_dict()["changes"] == [{"host": "web1", "task": "Create the ML user", "diff": []}]
+
+
+def test_missing_ansible_tools_are_one_clear_line_not_a_traceback(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from provisioner.errors import ProvisionerError
+
+    # An interpreter whose bin directory holds no Ansible tools, and nothing else on PATH.
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ProvisionerError) as err:
+        engine.ensure_tools_on_path()
+    assert err.value.exit_code == ExitCode.INTERNAL
+    assert str(err.value).startswith("ansible-playbook and ansible-inventory not found beside")
+    assert "reinstall provisioner" in str(err.value)
