@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from packaging import tags as _tags
@@ -442,6 +442,18 @@ def _run_pip(args: list[str], what: str, timeout: float) -> subprocess.Completed
     return run(cmd, f"pip could not {what}", "check the network and the indexes", check=False, timeout=timeout)
 
 
+def _pip_failed(r: subprocess.CompletedProcess[str], what: str, python_version: str, platform: str, fix: str = "") -> NoReturn:
+    """A failed pip run: a missing wheel is bad input naming the package, anything else pip's last lines."""
+    output = r.stdout + r.stderr
+    name = missing_package(output)
+    if name:
+        raise BadInput(
+            f"pip found no wheel for {name} (CPython {python_version}, {platform} or older)" + (f": {fix}" if fix else "")
+        )
+    tail = "; ".join(ln.strip() for ln in output.strip().splitlines()[-3:])
+    raise ProvisionerError(f"{what}: {tail}")
+
+
 def build_wheelhouse(
     dest: Path | str,
     components: Sequence[str],
@@ -506,12 +518,7 @@ def build_wheelhouse(
                     timeout,
                 )
             if r.returncode != 0:
-                output = r.stdout + r.stderr
-                name = missing_package(output)
-                if name:
-                    raise BadInput(f"pip found no wheel for {name} (CPython {python_version}, {plats[0]} or older): {fix}")
-                tail = "; ".join(ln.strip() for ln in output.strip().splitlines()[-3:])
-                raise ProvisionerError(f"pip download failed ({r.returncode}) for the wheelhouse {dest}: {tail}")
+                _pip_failed(r, f"pip download failed ({r.returncode}) for the wheelhouse {dest}", python_version, plats[0], fix)
         after = validate_wheelhouse(dest, pins, python_version=python_version, platforms=plats)
         after.raise_for_problems(fix)
         files = [after.found[p] for p in pins]
@@ -594,12 +601,7 @@ def generate_lock(
             timeout,
         )
         if r.returncode != 0:
-            output_text = r.stdout + r.stderr
-            name = missing_package(output_text)
-            if name:
-                raise BadInput(f"pip found no wheel for {name} (CPython {python_version}, {plats[0]} or older)")
-            tail = "; ".join(ln.strip() for ln in output_text.strip().splitlines()[-3:])
-            raise ProvisionerError(f"pip could not resolve the ML stack ({r.returncode}): {tail}")
+            _pip_failed(r, f"pip could not resolve the ML stack ({r.returncode})", python_version, plats[0])
         report = json.loads(report_file.read_text())
     lock = Lock(
         python_version=python_version,
