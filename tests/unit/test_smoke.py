@@ -94,6 +94,107 @@ def test_the_clock_measured_under_load_wins_over_nominal_ones(raw):
     assert ghz == 5.0 and "cpuinfo_max_freq" in why
 
 
+def counted(raw, one_mhz=3650.0, all_mhz=3600.0):
+    """The clock the smoke script counts in cycles right after the DGEMM runs (hosts without cpufreq)."""
+    raw["results"]["gemm"]["clock_loop"] = {
+        "method": "a chain of dependent `add rax, 1` (1 cycle each)",
+        "adds_per_iteration": 64,
+        "one": {"cpu": 0, "mhz": one_mhz, "repeats_mhz": [one_mhz], "on_cpu": 1.0},
+        "all": {"cpus": [0, 1], "mhz": all_mhz, "per_core_mhz": [all_mhz, all_mhz], "on_cpu": [1.0, 1.0]},
+    }
+    return raw
+
+
+def test_the_clock_order_is_cpufreq_under_load_then_counted_then_nominal(raw):
+    assert raw["cpu"]["cpufreq"] is False  # the fixture's VM: the figure "under load" is /proc/cpuinfo's nominal
+    counted(raw)
+    ghz, why = smoke.clock_ghz(raw, "one")
+    assert ghz == pytest.approx(3.65) and "counted" in why and "one core alone" in why
+    ghz, why = smoke.clock_ghz(raw)
+    assert ghz == pytest.approx(3.6) and "each of 2 core(s) at once" in why
+    # A cpufreq driver's clock under DGEMM load stays first, for both peaks.
+    raw["cpu"]["cpufreq"] = True
+    raw["results"]["gemm"]["clock_source"] = "cpufreq scaling_cur_freq under DGEMM load"
+    assert smoke.clock_ghz(raw, "one") == (pytest.approx(2.596122), "cpufreq scaling_cur_freq under DGEMM load")
+    assert smoke.clock_ghz(raw, "all")[0] == pytest.approx(2.596122)
+    # No count (another architecture, an executable mapping refused): the nominal clock, and why.
+    raw["cpu"]["cpufreq"] = False
+    raw["results"]["gemm"]["clock_loop"] = {"unavailable": "an executable memory mapping is refused (Permission denied)"}
+    ghz, why = smoke.clock_ghz(raw, "one")
+    assert ghz == pytest.approx(2.596122) and "could not be counted: an executable memory mapping is refused" in why
+    del raw["results"]["gemm"]["clock_mhz_under_load"]
+    ghz, why = smoke.clock_ghz(raw, "all")
+    assert ghz == pytest.approx(2.596122) and "nominal" in why and "could not be counted" in why
+
+
+def test_one_core_and_all_core_peaks_use_their_own_counted_clock(raw):
+    checks = by_id(smoke.evaluate(counted(raw)))
+    assert checks["compute.dgemm_one"].limit == pytest.approx(1 * 32 * 3.65)
+    assert checks["compute.sgemm_one"].limit == pytest.approx(1 * 64 * 3.65)
+    assert checks["compute.dgemm_all"].limit == pytest.approx(2 * 32 * 3.60)
+    assert "3.65 GHz (counted on one core" in checks["compute.dgemm_one"].basis
+    assert "3.60 GHz (counted on all cores" in checks["compute.dgemm_all"].basis
+    hw = smoke.evaluate(raw).hardware
+    assert hw["clock_ghz"] == 3.6 and hw["clock_one_ghz"] == 3.65 and "one core: 3.65 GHz" in hw["clock_basis"]
+    # Above the counted clock's peak the clock is not what is wrong: the FLOPs/cycle are.
+    raw["results"]["gemm"]["sgemm_one"]["gflops"] = 1.2 * 64 * 3.65
+    assert "FLOPs/cycle assumed" in by_id(smoke.evaluate(raw))["compute.sgemm_one"].reason
+
+
+def test_a_result_file_from_before_the_counted_clock_judges_as_before(raw):
+    """The fixture has no clock_loop: every GEMM check keeps the nominal clock's peak and grade."""
+    checks = by_id(smoke.evaluate(raw))
+    for key, cores, per_cycle in (("dgemm_all", 2, 32), ("dgemm_one", 1, 32), ("sgemm_all", 2, 64), ("sgemm_one", 1, 64)):
+        c = checks[f"compute.{key}"]
+        fig = raw["results"]["gemm"][key]["gflops"]
+        assert c.limit == pytest.approx(cores * per_cycle * 2.596122)
+        assert c.status == smoke.grade(fig / c.limit, smoke.GEMM_GRADES)
+    assert smoke.evaluate(raw).hardware["clock_one_ghz"] == pytest.approx(2.596)
+    # Older still: no cpufreq field at all, the clock under load is taken as it was.
+    del raw["cpu"]["cpufreq"]
+    assert smoke.clock_ghz(raw, "one")[0] == pytest.approx(2.596122)
+
+
+@pytest.fixture
+def script():
+    """roles/smoke/files/provisioner_smoke.py as a module (standard library only)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("provisioner_smoke", ROOT / "roles/smoke/files/provisioner_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_script_counts_the_clock_on_one_core_and_on_all_at_once(script):
+    import os
+    import platform
+
+    result = script.w_clock({"threads": 64})
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert "x86-64" in result["unavailable"]
+        return
+    cpus = script.core_cpus() or sorted(os.sched_getaffinity(0))
+    assert result["all"]["cpus"] == cpus and len(result["all"]["per_core_mhz"]) == len(cpus)  # one per core, capped
+    assert 500 < result["one"]["mhz"] < 7000 and 500 < result["all"]["mhz"] < 7000
+    assert result["one"]["mhz"] == max(result["one"]["repeats_mhz"]) and len(result["one"]["repeats_mhz"]) == 7
+    assert "dependent `add rax, 1`" in result["method"]
+
+
+def test_the_script_says_why_it_cannot_count_the_clock(script, monkeypatch):
+    import mmap
+
+    monkeypatch.setattr(script.platform, "machine", lambda: "aarch64")
+    assert "x86-64 machine code and this CPU is aarch64" in script.w_clock({"threads": 1})["unavailable"]
+    monkeypatch.setattr(script.platform, "machine", lambda: "x86_64")
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(mmap, "mmap", refused)
+    assert "executable memory mapping is refused (Permission denied" in script.w_clock({"threads": 1})["unavailable"]
+
+
 def test_dram_limit_comes_from_the_dimms_or_there_is_no_ratio(raw):
     c = by_id(smoke.evaluate(raw))["memory.triad"]
     assert c.status == smoke.INFO and c.ratio is None and "dmidecode is not installed" in c.reason

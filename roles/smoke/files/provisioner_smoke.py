@@ -88,27 +88,32 @@ def read(path: str, default: str | None = None) -> str | None:
         return default
 
 
-def cpu_info() -> dict[str, Any]:
-    """Vendor, family, model, flags, physical cores of the CPUs this process may use."""
-    text = read("/proc/cpuinfo", "") or ""
-    blocks = [b for b in text.split("\n\n") if b.strip()]
+def _cpuinfo() -> list[dict[str, str]]:
+    """/proc/cpuinfo, one dict of fields per logical CPU."""
+    blocks = [b for b in (read("/proc/cpuinfo", "") or "").split("\n\n") if b.strip()]
+    return [{k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in b.splitlines() if ":" in ln)} for b in blocks]
+
+
+def core_cpus() -> list[int]:
+    """One logical CPU per physical core this process may use (the first of its SMT siblings)."""
     allowed = os.sched_getaffinity(0)
-    cores: set[tuple[str, str]] = set()
-    first: dict[str, str] = {}
-    for block in blocks:
-        fields = {}
-        for line in block.splitlines():
-            if ":" in line:
-                k, v = line.split(":", 1)
-                fields[k.strip()] = v.strip()
-        if not first:
-            first = fields
+    cores: dict[tuple[str, str], int] = {}
+    for fields in _cpuinfo():
         try:
             cpu = int(fields.get("processor", "-1"))
         except ValueError:
             continue
         if cpu in allowed:
-            cores.add((fields.get("physical id", "0"), fields.get("core id", str(cpu))))
+            cores.setdefault((fields.get("physical id", "0"), fields.get("core id", str(cpu))), cpu)
+    return sorted(cores.values())
+
+
+def cpu_info() -> dict[str, Any]:
+    """Vendor, family, model, flags, physical cores of the CPUs this process may use."""
+    blocks = _cpuinfo()
+    first = blocks[0] if blocks else {}
+    allowed = os.sched_getaffinity(0)
+    cores = core_cpus()
     max_khz = read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
     return {
         "vendor": first.get("vendor_id", ""),
@@ -367,6 +372,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "cpufreq scaling_cur_freq under DGEMM load" if cpu["cpufreq"]
                     else "/proc/cpuinfo cpu MHz under DGEMM load (no cpufreq driver: the hypervisor's or firmware's "
                          "nominal clock; boost may run above it)")
+                # Right after the DGEMM runs: the clock counted in cycles, on one core and on all at once.
+                result["clock_loop"] = runner.worker("clock")
             elif task == "parquet":
                 result = parquet(runner)
             else:
@@ -411,6 +418,118 @@ def parquet(runner: Runner) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- workers (inside the ML environment)
+
+
+# x86-64: xor eax, eax; mov rcx, rdi; loop: LOOP_ADDS x (add rax, 1); dec rcx; jnz loop; ret (rax: the adds).
+# The adds form one dependent chain, one cycle each on every x86-64 core: adds / seconds is the clock.
+LOOP_ADDS = 64
+LOOP_SECONDS = 0.05  # one repeat
+LOOP_REPEATS = 7
+LOOP_METHOD = (f"a chain of dependent `add rax, 1` (1 cycle each) over the thread's CPU time, fastest of "
+               f"{LOOP_REPEATS} repeats of {LOOP_SECONDS * 1000:.0f} ms per core")
+
+
+def _add_loop():
+    """The cycle-counting loop as f(iterations) -> adds, or a string saying why there is none here."""
+    import ctypes
+    import mmap
+    import struct
+
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        return f"the cycle-counting loop is x86-64 machine code and this CPU is {machine}"
+    body = b"\x48\x83\xc0\x01" * LOOP_ADDS + b"\x48\xff\xc9"
+    code = b"\x31\xc0\x48\x89\xf9" + body + b"\x0f\x85" + struct.pack("<i", -(len(body) + 6)) + b"\xc3"
+    try:
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except OSError as exc:
+        return (f"an executable memory mapping is refused ({exc.strerror or exc}: e.g. systemd's "
+                "MemoryDenyWriteExecute or SELinux execmem)")
+    page.write(code)
+    fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+
+    def count(iterations: int, _page: mmap.mmap = page) -> int:  # the closure holds the page mapped
+        adds = fn(iterations)
+        if adds != iterations * LOOP_ADDS:
+            raise RuntimeError(f"the cycle-counting loop returned {adds}, not {iterations * LOOP_ADDS}")
+        return adds
+
+    return count
+
+
+def _loop_mhz(count, cpu: int, barrier=None) -> tuple[list[float], float]:
+    """The clock of `cpu` in MHz once per repeat, and the share of the wall time the loop had the CPU.
+
+    Adds over the thread's CPU time, not the wall time: another process taking the core away
+    stops both the loop and its clock, so a busy host reads right (the share shows how busy).
+    What that cannot hide (a hypervisor's steal, a busy SMT sibling) only ever makes a repeat
+    read low: the chain cannot run faster than one add a cycle, so the fastest repeat is the
+    clock. With a barrier, every process starts its repeats together.
+    """
+    os.sched_setaffinity(0, {cpu})
+    n = 1000
+    while True:  # size one repeat to LOOP_SECONDS
+        t0 = time.perf_counter()
+        count(n)
+        dt = time.perf_counter() - t0
+        if dt > LOOP_SECONDS / 10:
+            break
+        n *= 4
+    n = max(1, int(n * LOOP_SECONDS / dt))
+    if barrier is not None:
+        barrier.wait()
+    out, on_cpu = [], []
+    for _ in range(LOOP_REPEATS):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        adds = count(n)
+        cpu_s, wall_s = time.thread_time() - c0, time.perf_counter() - t0
+        out.append(adds / cpu_s / 1e6)
+        on_cpu.append(cpu_s / wall_s)
+    return out, round(median(on_cpu), 3)
+
+
+def _loop_child(count, cpu: int, barrier, results) -> None:
+    try:
+        results.put((cpu, _loop_mhz(count, cpu, barrier)))
+    except Exception as exc:  # the parent reports it
+        barrier.abort()
+        results.put((cpu, f"{type(exc).__name__}: {exc}"))
+
+
+def w_clock(p: dict[str, Any]) -> dict[str, Any]:
+    """The clock counted in cycles: on one core alone, then on every core of the all-core DGEMM at once.
+
+    One process per physical core, pinned, started together; the all-core clock is the median
+    of the cores' figures.
+    """
+    import multiprocessing as mp
+
+    count = _add_loop()
+    if isinstance(count, str):
+        return {"unavailable": count}
+    cpus = (core_cpus() or sorted(os.sched_getaffinity(0)))[: max(1, int(p["threads"]))]
+    allowed = os.sched_getaffinity(0)
+    try:
+        one, one_on_cpu = _loop_mhz(count, cpus[0])
+    finally:
+        os.sched_setaffinity(0, allowed)
+    ctx = mp.get_context("fork")  # this process runs no threads; the children inherit the loop's page
+    barrier, results = ctx.Barrier(len(cpus)), ctx.SimpleQueue()
+    procs = [ctx.Process(target=_loop_child, args=(count, cpu, barrier, results)) for cpu in cpus]
+    for proc in procs:
+        proc.start()
+    got = dict(results.get() for _ in procs)
+    for proc in procs:
+        proc.join()
+    failed = [f"cpu {cpu}: {v}" for cpu, v in got.items() if isinstance(v, str)]
+    if failed:
+        return {"error": f"clock: {failed[0]}"}
+    per_core = [max(got[cpu][0]) for cpu in cpus]
+    return {"method": LOOP_METHOD, "adds_per_iteration": LOOP_ADDS,
+            "one": {"cpu": cpus[0], "mhz": max(one), "repeats_mhz": one, "on_cpu": one_on_cpu},
+            "all": {"cpus": cpus, "mhz": median(per_core), "per_core_mhz": per_core,
+                    "repeats_mhz": [got[cpu][0] for cpu in cpus], "on_cpu": [got[cpu][1] for cpu in cpus]}}
+
 
 
 def _limits(threads: int | None):
@@ -812,7 +931,7 @@ def w_inference(p: dict[str, Any]) -> dict[str, Any]:
             "p50_us_each": p50, "p99_us_each": p99}
 
 
-WORKERS = {"gemm": w_gemm, "triad": w_triad, "gbdt": w_gbdt, "mlp": w_mlp, "hpo": w_hpo,
+WORKERS = {"gemm": w_gemm, "clock": w_clock, "triad": w_triad, "gbdt": w_gbdt, "mlp": w_mlp, "hpo": w_hpo,
            "parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan, "inference": w_inference}
 
 
