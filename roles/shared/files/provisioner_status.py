@@ -1,0 +1,729 @@
+#!/usr/bin/env python3
+"""provisioner-status: the expected vs the live value of every setting the roles manage.
+
+    provisioner_status.py [--expected-dir /etc/provisioner/expected] [--plan /etc/provisioner/plan.json]
+                          [--json] [--textfile DIR]
+
+Each role that manages a host setting declares, at the end of its run, what it expects in
+EXPECTED_DIR/ROLE.json: {"schema": 1, "role": ROLE, "checks": [CHECK, ...]}, a CHECK being a
+mapping with "name", "probe", "expected" and the probe's own keys. This script reads the
+live value of each check with its probe and says ok, drifted (with both values) or not
+applicable (with the reason). It changes nothing on the host.
+
+Probes: sysctl (the live value where the role applied it, and always the value systemd-sysctl
+applies at boot), thp, login_env, service_env, tuned, governor, epp, hugepages, mount, md and
+doctor (mlstack-doctor --json).
+
+Exit status: 0 when nothing drifted, 1 when something did, 2 on bad input (the expected
+directory or a file in it cannot be read). With --textfile DIR it also writes
+DIR/provisioner_status.prom for node_exporter's textfile collector, atomically.
+
+Runs as root with the system Python and the standard library only (prometheus_client is used
+for the textfile when it is importable); shipped by role shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+SCHEMA = 1
+EXPECTED_DIR = "/etc/provisioner/expected"
+PLAN_FILE = "/etc/provisioner/plan.json"
+TEXTFILE_NAME = "provisioner_status.prom"
+BAD_INPUT = 2
+OK, DRIFTED, NOT_APPLICABLE = "ok", "drifted", "not applicable"
+CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# systemd-sysctl's directories, highest priority first (a file name in an earlier directory
+# hides the same name in a later one); all files are then applied in file-name order.
+SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
+SYSCTL_CONF = "/etc/sysctl.conf"
+HUGEPAGE_KIB = {"2M": 2048, "1G": 1048576}
+CPUFREQ = "/sys/devices/system/cpu/cpufreq"
+TIMEOUT = 60
+UNSET = "(unset)"
+DOCTOR_TIMEOUT = 300
+
+
+class BadInput(Exception):
+    """An expected file that cannot be read or makes no sense; names the file."""
+
+
+# ---------------------------------------------------------------- reading files and commands
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def run(argv: list[str], timeout: float = TIMEOUT) -> tuple[int, str, str]:
+    """(returncode, stdout, stderr); 127 with the reason when it could not run."""
+    try:
+        r = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, check=False, env={"PATH": CLEAN_PATH, "LANG": "C.UTF-8"}
+        )
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: not installed"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, "", f"{argv[0]}: {exc}"
+    return r.returncode, r.stdout, r.stderr
+
+
+def words(value: str) -> str:
+    """A value as sysctl prints it: runs of blanks (tabs in /proc/sys) as one space."""
+    return " ".join(value.split())
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """The output of env(1): NAME=value lines (a value's later lines are left out)."""
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            env[name] = value
+    return env
+
+
+def systemd_is_pid1(root: str = "/") -> bool:
+    comm = read(os.path.join(root, "proc/1/comm")) or ""
+    return comm.strip() == "systemd" and os.path.isdir(os.path.join(root, "run/systemd/system"))
+
+
+# ---------------------------------------------------------------- sysctl as systemd-sysctl applies it
+
+
+def sysctl_files(root: str = "/") -> list[str]:
+    """The files systemd-sysctl reads at boot, in the order it applies them, then
+    /etc/sysctl.conf (procps' sysctl --system reads it last; Debian links it in as
+    /etc/sysctl.d/99-sysctl.conf, and a file is read only once). A link to /dev/null masks."""
+    chosen: dict[str, str] = {}
+    for directory in SYSCTL_DIRS:
+        base = os.path.join(root, directory.lstrip("/"))
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(base, name)
+            if name.endswith(".conf") and name not in chosen and (os.path.isfile(path) or _masked(path)):
+                chosen[name] = path
+    files = [chosen[name] for name in sorted(chosen) if not _masked(chosen[name])]
+    conf = os.path.join(root, SYSCTL_CONF.lstrip("/"))
+    if os.path.isfile(conf) and os.path.realpath(conf) not in {os.path.realpath(f) for f in files}:
+        files.append(conf)
+    return files
+
+
+def _masked(path: str) -> bool:
+    return os.path.islink(path) and os.path.realpath(path) == "/dev/null"
+
+
+def sysctl_key(key: str) -> str:
+    """systemd's spelling rules: '/' and '.' both separate, a leading '-' ignores errors."""
+    key = key.strip().lstrip("-")
+    if "/" in key and not key.startswith("/"):
+        key = key.replace("/", ".")
+    return key
+
+
+def parse_sysctl(text: str) -> list[tuple[str, str]]:
+    """(key, value) assignments in file order; comments (# and ;) and blank lines left out."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;" or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        out.append((sysctl_key(key), words(value)))
+    return out
+
+
+def persisted_sysctl(key: str, files: Iterable[str]) -> tuple[str | None, str | None]:
+    """(value, file) of the last assignment of KEY over FILES; (None, None) when none sets it."""
+    value = source = None
+    for path in files:
+        for k, v in parse_sysctl(read(path) or ""):
+            if k == key:
+                value, source = v, path
+    return value, source
+
+
+# ---------------------------------------------------------------- THP, tmpfiles.d, cpufreq, hugepages
+
+
+def thp_selected(text: str | None) -> str | None:
+    """The [selected] word of a THP file such as 'always [madvise] never'."""
+    m = re.search(r"\[([^\]]+)\]", text or "")
+    return m.group(1) if m else None
+
+
+def tmpfiles_value(text: str, path: str) -> str | None:
+    """The argument of the last w/w-/w+ line for PATH in a tmpfiles.d file."""
+    value = None
+    for line in text.splitlines():
+        fields = line.split(None, 6)
+        if len(fields) == 7 and fields[0].startswith("w") and fields[1] == path:
+            value = fields[6].strip()
+    return value
+
+
+def cpufreq_values(name: str, root: str = "/") -> dict[str, str]:
+    """policyN -> the value of NAME for every cpufreq policy that has the file."""
+    base = os.path.join(root, CPUFREQ.lstrip("/"))
+    out = {}
+    try:
+        policies = sorted((p for p in os.listdir(base) if re.fullmatch(r"policy\d+", p)), key=lambda p: int(p[6:]))
+    except OSError:
+        return {}
+    for policy in policies:
+        value = read(os.path.join(base, policy, name))
+        if value is not None:
+            out[policy] = value.strip()
+    return out
+
+
+# ---------------------------------------------------------------- md arrays and mounts
+
+
+def parse_mdstat(text: str) -> dict[str, dict[str, Any]]:
+    """/proc/mdstat -> {md127: {active, level, members, failed, slots, up, degraded}}."""
+    arrays: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
+    for line in text.splitlines():
+        m = re.match(r"^(md\w+)\s*:\s*(\S+)\s*(.*)$", line)
+        if m:
+            name, state, rest = m.groups()
+            fields = [f for f in rest.split() if not f.startswith("(")]  # (auto-read-only), (read-only)
+            level = fields[0] if fields and "[" not in fields[0] else None
+            members, failed = [], []
+            for f in fields:
+                dm = re.match(r"^([^\[\s]+)\[(\d+)\](\((\w)\))?$", f)
+                if dm:
+                    members.append(dm.group(1))
+                    if dm.group(4) == "F":
+                        failed.append(dm.group(1))
+            current = arrays[name] = {
+                "active": state == "active",
+                "state": state,
+                "level": level,
+                "members": members,
+                "failed": failed,
+                "slots": None,
+                "up": None,
+                "degraded": bool(failed),
+            }
+            continue
+        if current is not None and line.strip():
+            s = re.search(r"\[(\d+)/(\d+)\]\s*\[([U_]+)\]", line)
+            if s:
+                current["slots"] = f"[{s.group(1)}/{s.group(2)}]"
+                current["up"] = s.group(3)
+                current["degraded"] = current["degraded"] or "_" in s.group(3) or s.group(1) != s.group(2)
+        elif not line.strip():
+            current = None
+    return arrays
+
+
+def describe_md(name: str, array: dict[str, Any], expected_members: Iterable[str] = ()) -> str:
+    parts = [array["state"]] + ([array["level"]] if array["level"] else [])
+    if array["slots"]:
+        parts.append(f"{array['slots']} [{array['up']}]")
+    text = " ".join(parts)
+    problems = [f"{m} failed" for m in array["failed"]]
+    problems += [f"{m} missing" for m in expected_members if m not in array["members"]]
+    if array["degraded"] and not problems:
+        problems.append("a member is missing")
+    if array["degraded"]:
+        text += " degraded: " + ", ".join(problems)
+    return f"{name} {text}"
+
+
+def parse_mountinfo(text: str) -> list[dict[str, str]]:
+    """/proc/self/mountinfo -> [{mountpoint, fstype, source, options}] in mount order."""
+    out = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        a, b = left.split(), right.split()
+        if not sep or len(a) < 5 or len(b) < 2:
+            continue
+        unescape = lambda s: re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)  # noqa: E731
+        out.append(
+            {"mountpoint": unescape(a[4]), "options": a[5] if len(a) > 5 else "", "fstype": b[0], "source": unescape(b[1])}
+        )
+    return out
+
+
+def device_uuid(source: str) -> str | None:
+    """The filesystem UUID of a block device: udev's /dev/disk/by-uuid links, else blkid."""
+    real = os.path.realpath(source)
+    try:
+        for name in os.listdir("/dev/disk/by-uuid"):
+            if os.path.realpath(os.path.join("/dev/disk/by-uuid", name)) == real:
+                return name
+    except OSError:
+        pass
+    rc, out, _ = run(["blkid", "-p", "-s", "UUID", "-o", "value", source], timeout=10)
+    return out.strip() or None if rc == 0 else None
+
+
+# ---------------------------------------------------------------- the probes
+
+Reading = tuple[str | None, str, str]  # (live value, state, reason)
+
+
+class Probes:
+    """One instance per run: environments read once are shared by the checks that need them."""
+
+    def __init__(self, root: str = "/") -> None:
+        self.root = root
+        self._login: dict[str, dict[str, str] | str] = {}
+        self._service: dict[str, str] | str | None = None
+        self._sysctl_files: list[str] | None = None
+        self._doctor: dict[str, tuple[int, str, str]] = {}
+
+    def path(self, p: str) -> str:
+        return os.path.join(self.root, p.lstrip("/"))
+
+    def measure(self, check: dict[str, Any]) -> Reading:
+        probe = getattr(self, "probe_" + check["probe"])
+        result: Reading = probe(check, str(check.get("expected", "")))
+        return result
+
+    # sysctl
+    def probe_sysctl(self, check: dict[str, Any], expected: str) -> Reading:
+        key = sysctl_key(check["key"])
+        if self._sysctl_files is None:
+            self._sysctl_files = sysctl_files(self.root)
+        boot, source = persisted_sysctl(key, self._sysctl_files)
+        readings, problems = [], []
+        if check.get("live", False):
+            raw = read(self.path("/proc/sys/" + key.replace(".", "/")))
+            live = words(raw) if raw is not None else None
+            readings.append(f"live {live if live is not None else '(missing)'}")
+            if live != words(expected):
+                problems.append(f"the running kernel has {live if live is not None else 'no ' + key}")
+        readings.append(f"at boot {boot if boot is not None else '(not set)'}" + (f" ({source})" if source else ""))
+        if boot != words(expected):
+            problems.append(f"at boot {boot} from {source}" if boot is not None else f"no sysctl.d file sets {key}")
+        if problems:
+            return "; ".join(readings), DRIFTED, "; ".join(problems)
+        return boot, OK, ""
+
+    # THP
+    def probe_thp(self, check: dict[str, Any], expected: str) -> Reading:
+        path = check["path"]
+        if check.get("live", True):
+            raw = read(self.path(path))
+            if raw is None:
+                return None, NOT_APPLICABLE, f"not applicable: no {path} (a kernel without THP)"
+            live = thp_selected(raw)
+            return compare(live, expected, f"{path} selects {live}")
+        persisted = check.get("persisted_file", "")
+        text = read(self.path(persisted))
+        if text is None:
+            return None, DRIFTED, f"{persisted} is gone (THP is read-only here: the value is persisted for the boot)"
+        value = tmpfiles_value(text, path)
+        return compare(value, expected, f"{persisted} writes {value if value is not None else 'nothing'} to {path}")
+
+    # login shell and service environments
+    def probe_login_env(self, check: dict[str, Any], expected: str) -> Reading:
+        user = check["user"]
+        if user not in self._login:
+            rc, out, err = run(["runuser", "-l", user, "-c", "env"])
+            self._login[user] = parse_env(out) if rc == 0 else f"runuser -l {user} exited {rc}: {err.strip()[:200]}"
+        env = self._login[user]
+        if isinstance(env, str):
+            return None, DRIFTED, env
+        live = env.get(check["var"], UNSET)
+        return compare(
+            live,
+            expected,
+            f"a login shell of {user} has {check['var']}={live}"
+            if live != UNSET
+            else f"a login shell of {user} has no {check['var']}",
+        )
+
+    def probe_service_env(self, check: dict[str, Any], expected: str) -> Reading:
+        if not systemd_is_pid1(self.root):
+            return None, NOT_APPLICABLE, "not applicable: systemd is not PID 1"
+        if self._service is None:
+            argv = ["systemd-run", "--wait", "--pipe", "--quiet", "--collect", "/usr/bin/env"]
+            rc, out, err = run(argv)
+            self._service = parse_env(out) if rc == 0 else f"systemd-run exited {rc}: {err.strip()[:200]}"
+        if isinstance(self._service, str):
+            return None, DRIFTED, self._service
+        live = self._service.get(check["var"], UNSET)
+        return compare(
+            live, expected, f"a service has {check['var']}={live}" if live != UNSET else f"a service has no {check['var']}"
+        )
+
+    # tuned
+    def probe_tuned(self, check: dict[str, Any], expected: str) -> Reading:
+        profile_dir = check.get("profile_dir")
+        if profile_dir and not os.path.isdir(self.path(profile_dir)):
+            return None, DRIFTED, f"the profile's directory {profile_dir} is gone"
+        if not systemd_is_pid1(self.root):
+            return None, NOT_APPLICABLE, "not applicable: systemd is not PID 1 (tuned is not driven here)"
+        rc, out, err = run(["tuned-adm", "active"])
+        m = re.search(r"^Current active profile:\s*(\S+)", out, re.M)
+        if m:
+            live: str | None = m.group(1)
+            how = "tuned-adm active"
+        elif rc == 127:
+            live, how = (read(self.path("/etc/tuned/active_profile")) or "").strip() or None, "/etc/tuned/active_profile"
+        else:
+            detail = (out + err).strip().splitlines()
+            return "none", DRIFTED, "tuned-adm active: " + (detail[0] if detail else f"exit {rc}")
+        return compare(live, expected, f"{how}: {live if live else 'no profile'}")
+
+    # cpufreq
+    def probe_governor(self, check: dict[str, Any], expected: str) -> Reading:
+        return self._cpufreq("scaling_governor", check, expected)
+
+    def probe_epp(self, check: dict[str, Any], expected: str) -> Reading:
+        return self._cpufreq("energy_performance_preference", check, expected)
+
+    def _cpufreq(self, name: str, check: dict[str, Any], expected: str) -> Reading:
+        if not os.path.isdir(self.path("/sys/devices/system/cpu/cpu0/cpufreq")):
+            return None, NOT_APPLICABLE, "not applicable: no cpufreq driver"
+        values = cpufreq_values(name, self.root)
+        if not values:
+            return None, NOT_APPLICABLE, f"not applicable: the cpufreq driver has no {name}"
+        if not check.get("live", True):
+            return None, NOT_APPLICABLE, f"not applicable: {name} is not set live here (read-only or not offered)"
+        seen = sorted(set(values.values()))
+        live = seen[0] if len(seen) == 1 else ", ".join(f"{p}={v}" for p, v in values.items())
+        wrong = [p for p, v in values.items() if v != expected]
+        if wrong:
+            return live, DRIFTED, f"{name} differs on {len(wrong)} of {len(values)} cpufreq policies ({', '.join(wrong)})"
+        return live, OK, ""
+
+    # hugepages
+    def probe_hugepages(self, check: dict[str, Any], expected: str) -> Reading:
+        size = check["size"]
+        if size == "2M" and not check.get("live", True):
+            if self._sysctl_files is None:
+                self._sysctl_files = sysctl_files(self.root)
+            boot, source = persisted_sysctl("vm.nr_hugepages", self._sysctl_files)
+            return compare(
+                boot,
+                expected,
+                f"at boot vm.nr_hugepages={boot} from {source}"
+                if source
+                else "no sysctl.d file sets vm.nr_hugepages (vm.* is read-only here: persisted for the boot)",
+            )
+        raw = read(self.path(f"/sys/kernel/mm/hugepages/hugepages-{HUGEPAGE_KIB[size]}kB/nr_hugepages"))
+        if raw is None:
+            return None, NOT_APPLICABLE, f"not applicable: the kernel offers no {size} pages"
+        live = raw.strip()
+        if size == "1G" and live != expected:
+            want = f"hugepagesz=1G hugepages={expected}"
+            cmdline = f" {(read(self.path('/proc/cmdline')) or '').strip()} "
+            if f" {want} " not in cmdline:
+                return live, NOT_APPLICABLE, f"reboot pending: the running kernel booted without '{want}'"
+        return compare(live, expected, f"{live} {size} pages reserved")
+
+    # the data mount and its array
+    def probe_mount(self, check: dict[str, Any], expected: str) -> Reading:
+        path = check["path"].rstrip("/") or "/"
+        mounts = [m for m in parse_mountinfo(read(self.path("/proc/self/mountinfo")) or "") if m["mountpoint"] == path]
+        if not mounts:
+            return "not mounted", DRIFTED, f"nothing is mounted at {path}"
+        top = mounts[-1]
+        live = top["fstype"]
+        problems = []
+        if check.get("fstype") and top["fstype"] != check["fstype"]:
+            problems.append(f"{path} is {top['fstype']}, not {check['fstype']}")
+        if check.get("uuid"):
+            found = self._mount_uuid(top, check["uuid"])
+            live += f" UUID={found}" if found else " UUID unknown"
+            if found != check["uuid"]:
+                problems.append(
+                    f"{path} has UUID {found}, not {check['uuid']}" if found else f"the UUID of {top['source']} cannot be read"
+                )
+        live += f" ({top['source']})"
+        return (live, DRIFTED, "; ".join(problems)) if problems else (live, OK, "")
+
+    def _mount_uuid(self, mount: dict[str, str], expected: str) -> str | None:
+        # A mounted btrfs (one filesystem over several drives) is /sys/fs/btrfs/UUID.
+        if mount["fstype"] == "btrfs" and os.path.isdir(self.path(f"/sys/fs/btrfs/{expected}")):
+            return expected
+        return device_uuid(mount["source"])
+
+    def probe_md(self, check: dict[str, Any], expected: str) -> Reading:
+        text = read(self.path("/proc/mdstat"))
+        if text is None:
+            return None, NOT_APPLICABLE, "not applicable: no md driver"
+        device = check["device"]
+        link = self.path(device)
+        if not os.path.exists(link):
+            return "absent", DRIFTED, f"no {device}: the array is not assembled"
+        name = os.path.basename(os.path.realpath(link))
+        array = parse_mdstat(text).get(name)
+        if array is None:
+            return "absent", DRIFTED, f"{device} ({name}) is not in /proc/mdstat"
+        live = describe_md(name, array, check.get("members", []))
+        if not array["active"]:
+            return live, DRIFTED, f"{device} is {array['state']}"
+        if array["degraded"]:
+            return live, DRIFTED, f"{device} is degraded: " + live.split(" degraded: ", 1)[-1]
+        return live, OK, ""
+
+    # the ML stack's doctor
+    def probe_doctor(self, check: dict[str, Any], expected: str) -> Reading:
+        command = check.get("command", "/opt/mlstack/bin/mlstack-doctor")
+        if not os.path.isfile(self.path(command)):
+            return None, DRIFTED, f"{command} is gone"
+        user = check.get("user")
+        argv = [command, "--json"]
+        if user:
+            argv = ["runuser", "-l", user, "-c", shlex.join(argv)]
+        key = " ".join(argv)
+        if key not in self._doctor:
+            self._doctor[key] = run(argv, timeout=DOCTOR_TIMEOUT)
+        rc, out, err = self._doctor[key]
+        try:
+            result = json.loads(out)
+        except ValueError:
+            return None, DRIFTED, f"{command} --json exited {rc}: {(err or out).strip()[-300:]}"
+        return doctor_reading(result)
+
+
+def doctor_reading(result: dict[str, Any]) -> Reading:
+    """pass/fail from the doctor's JSON; the BLAS kernel and OpenMP runtime as the live value."""
+    checks = result.get("checks", [])
+    shown = "; ".join(f"{c['name']}: {c.get('detail', '')}" for c in checks if c.get("name") in ("blas-kernel", "openmp"))
+    failed = [f"{c['name']}: {c.get('detail', '')}" for c in checks if c.get("status") == "fail"]
+    if result.get("ok") and not failed:
+        return "pass" + (f" ({shown})" if shown else ""), OK, ""
+    return "fail", DRIFTED, "; ".join(failed) or "the doctor failed"
+
+
+def compare(live: str | None, expected: str, detail: str) -> Reading:
+    """ok when the live value is the expected one, else drifted with what was found."""
+    if live is not None and words(str(live)) == words(expected):
+        return live, OK, ""
+    return live, DRIFTED, detail
+
+
+# ---------------------------------------------------------------- expected files, the run, the output
+
+
+def load_expected(directory: str) -> list[dict[str, Any]]:
+    """Every declared check, with its role, from DIRECTORY/*.json in name order."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except OSError as exc:
+        raise BadInput(f"cannot read the expected state in {directory}: {exc.strerror} (run provisioner up)") from exc
+    checks = []
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"cannot read {path}: {exc}") from exc
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("checks"), list):
+            raise BadInput(f"{path} is not a schema {SCHEMA} expected-state file (role, checks)")
+        role = str(doc.get("role") or name[: -len(".json")])
+        for check in doc["checks"]:
+            if not isinstance(check, dict) or not check.get("name") or not hasattr(Probes, f"probe_{check.get('probe')}"):
+                raise BadInput(f"{path}: a check without a name or with an unknown probe: {json.dumps(check)[:200]}")
+            checks.append({**check, "role": role})
+    return checks
+
+
+def measure_all(checks: list[dict[str, Any]], probes: Probes) -> list[dict[str, Any]]:
+    settings = []
+    for check in checks:
+        try:
+            live, state, reason = probes.measure(check)
+        except KeyError as exc:
+            raise BadInput(f"role {check['role']}, check {check['name']!r}: probe {check['probe']} needs {exc}") from exc
+        settings.append(
+            {
+                "role": check["role"],
+                "name": check["name"],
+                "probe": check["probe"],
+                "expected": str(check.get("expected", "")),
+                "live": live,
+                "state": state,
+                "reason": reason,
+            }
+        )
+    return settings
+
+
+def exit_code(settings: list[dict[str, Any]]) -> int:
+    return 1 if any(s["state"] == DRIFTED for s in settings) else 0
+
+
+def report(settings: list[dict[str, Any]], seconds: float, host: str | None = None) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "host": host or socket.gethostname(),
+        "seconds": round(seconds, 2),
+        "settings": settings,
+        "drifted": sum(s["state"] == DRIFTED for s in settings),
+    }
+
+
+def render_table(result: dict[str, Any]) -> str:
+    rows = [("role", "setting", "expected", "live", "state")]
+    order = {DRIFTED: 0, NOT_APPLICABLE: 2, OK: 1}
+    for s in sorted(result["settings"], key=lambda s: order[s["state"]]):
+        state = s["state"] + (f": {s['reason']}" if s["reason"] and s["state"] == DRIFTED else "")
+        if s["state"] == NOT_APPLICABLE:
+            state = s["reason"] if s["reason"].startswith(NOT_APPLICABLE) else f"{NOT_APPLICABLE}: {s['reason']}"
+        rows.append((s["role"], s["name"], s["expected"], "" if s["live"] is None else str(s["live"]), state))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    lines.append("")
+    lines.append(f"{result['host']}: {result['drifted']} drifted of {len(result['settings'])} settings ({result['seconds']} s)")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the textfile for node_exporter
+
+
+# A metric: (name, help, label names, [(labels, value)]); every one is a gauge.
+Metric = tuple[str, str, tuple[str, ...], list[tuple[dict[str, str], float]]]
+
+
+def metric_samples(result: dict[str, Any], plan: dict[str, Any], now: float) -> list[Metric]:
+    """Every metric the textfile holds: drift per setting (not applicable ones left out), the
+    count, when it ran, and the plan's values (numbers as values, strings as info labels)."""
+    drifted = [
+        ({"role": s["role"], "setting": s["name"]}, 1.0 if s["state"] == DRIFTED else 0.0)
+        for s in result["settings"]
+        if s["state"] != NOT_APPLICABLE
+    ]
+    values = (plan.get("values") or {}) if isinstance(plan, dict) else {}
+    numbers, strings = [], []
+    for key in sorted(values):
+        value = values[key]
+        if isinstance(value, bool):
+            numbers.append(({"key": key}, 1.0 if value else 0.0))
+        elif isinstance(value, (int, float)) and math.isfinite(value):
+            numbers.append(({"key": key}, float(value)))
+        elif isinstance(value, str):
+            strings.append(({"key": key, "value": value}, 1.0))
+    return [
+        (
+            "provisioner_setting_drifted",
+            "1 when the live value of a setting a role manages is not the expected one",
+            ("role", "setting"),
+            drifted,
+        ),
+        (
+            "provisioner_settings_drifted",
+            "Settings whose live value is not the expected one",
+            (),
+            [({}, float(result["drifted"]))],
+        ),
+        ("provisioner_status_last_run_timestamp_seconds", "When the drift check last ran", (), [({}, now)]),
+        ("provisioner_plan_value", "A numeric value of the plan the host was provisioned with", ("key",), numbers),
+        ("provisioner_plan_info", "A string value of the plan the host was provisioned with", ("key", "value"), strings),
+    ]
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render_metrics(metrics: list[Metric]) -> str:
+    """The Prometheus text exposition format (version 0.0.4), without prometheus_client."""
+    lines = []
+    for name, text, _labelnames, points in metrics:
+        lines.append(f"# HELP {name} {text}")
+        lines.append(f"# TYPE {name} gauge")
+        for labels, value in points:
+            label = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{label}}} {value!r}" if label else f"{name} {value!r}")
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(directory: str, metrics: list[Metric], use_client: bool = True) -> str:
+    """DIRECTORY/provisioner_status.prom, written to a temporary file there and renamed
+    (prometheus_client.write_to_textfile when it is importable)."""
+    path = os.path.join(directory, TEXTFILE_NAME)
+    client = _prometheus_client() if use_client else None
+    if client is not None:
+        registry = client.CollectorRegistry()
+        for name, text, labelnames, points in metrics:
+            gauge = client.Gauge(name, text, labelnames, registry=registry)
+            for labels, value in points:
+                (gauge.labels(**labels) if labels else gauge).set(value)
+        client.write_to_textfile(path, registry)
+        os.chmod(path, 0o644)
+        return path
+    fd, tmp = tempfile.mkstemp(prefix=f".{TEXTFILE_NAME}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(render_metrics(metrics))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _prometheus_client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        return None
+    return prometheus_client
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None, probes_factory: Callable[[], Probes] = Probes) -> int:
+    parser = argparse.ArgumentParser(prog="provisioner-status", description=__doc__.splitlines()[0])
+    parser.add_argument("--expected-dir", default=EXPECTED_DIR, help=f"the roles' declarations (default {EXPECTED_DIR})")
+    parser.add_argument("--plan", default=PLAN_FILE, help=f"the plan the host recorded (default {PLAN_FILE})")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--textfile", metavar="DIR", help=f"also write DIR/{TEXTFILE_NAME} for node_exporter")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        checks = load_expected(args.expected_dir)
+        settings = measure_all(checks, probes_factory())
+    except BadInput as exc:
+        print(f"provisioner-status: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    result = report(settings, time.monotonic() - started)
+    if args.textfile:
+        if not os.path.isdir(args.textfile):
+            print(f"provisioner-status: --textfile {args.textfile} is not a directory", file=sys.stderr)
+            return BAD_INPUT
+        try:
+            with open(args.plan, encoding="utf-8") as f:
+                plan = json.load(f)
+        except (OSError, ValueError):
+            plan = {}
+        write_textfile(args.textfile, metric_samples(result, plan, time.time()))
+    print(json.dumps(result, indent=1) if args.json else render_table(result))
+    return exit_code(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""The drift check shipped to the hosts (roles/shared/files/provisioner_status.py): its pure
+parts, the probes against a fake root, the exit code and the node_exporter textfile."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "roles" / "shared" / "files" / "provisioner_status.py"
+
+_spec = importlib.util.spec_from_file_location("provisioner_status", SCRIPT)
+assert _spec is not None and _spec.loader is not None
+status = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(status)
+
+
+def write(root: Path, path: str, text: str) -> Path:
+    p = root / path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+# ---------------------------------------------------------------- sysctl.d as systemd-sysctl reads it
+
+
+def test_sysctl_files_in_file_name_order_etc_hides_usr_lib_and_sysctl_conf_last(tmp_path):
+    write(tmp_path, "/usr/lib/sysctl.d/50-pid-max.conf", "kernel.pid_max = 4194304\n")
+    write(tmp_path, "/usr/lib/sysctl.d/60-provisioner-cpu.conf", "vm.swappiness = 1\n")  # hidden by /etc's
+    write(tmp_path, "/etc/sysctl.d/60-provisioner-cpu.conf", "vm.swappiness = 10\n")
+    write(tmp_path, "/run/sysctl.d/55-run.conf", "vm.swappiness = 30\n")
+    write(tmp_path, "/etc/sysctl.d/README", "vm.swappiness = 99\n")  # not a .conf file
+    write(tmp_path, "/etc/sysctl.conf", "#vm.swappiness = 80\n")
+    files = [os.path.relpath(f, tmp_path) for f in status.sysctl_files(str(tmp_path))]
+    assert files == ["usr/lib/sysctl.d/50-pid-max.conf", "run/sysctl.d/55-run.conf",
+                     "etc/sysctl.d/60-provisioner-cpu.conf", "etc/sysctl.conf"]
+    value, source = status.persisted_sysctl("vm.swappiness", status.sysctl_files(str(tmp_path)))
+    assert (value, os.path.relpath(source, tmp_path)) == ("10", "etc/sysctl.d/60-provisioner-cpu.conf")
+
+
+def test_a_later_file_overrides_and_a_dev_null_link_masks(tmp_path):
+    write(tmp_path, "/etc/sysctl.d/60-provisioner-cpu.conf", "vm.swappiness = 10\n")
+    write(tmp_path, "/etc/sysctl.d/99-local.conf", "; a comment\n-vm/swappiness=60\n")
+    write(tmp_path, "/usr/lib/sysctl.d/50-default.conf", "kernel.numa_balancing = 1\n")
+    (tmp_path / "etc/sysctl.d/50-default.conf").symlink_to("/dev/null")
+    files = status.sysctl_files(str(tmp_path))
+    assert status.persisted_sysctl("vm.swappiness", files)[0] == "60"
+    assert status.persisted_sysctl("kernel.numa_balancing", files) == (None, None)
+
+
+def test_sysctl_conf_linked_into_sysctl_d_is_read_once_in_its_place(tmp_path):
+    write(tmp_path, "/etc/sysctl.conf", "vm.swappiness = 60\n")
+    (tmp_path / "etc/sysctl.d").mkdir(parents=True)
+    (tmp_path / "etc/sysctl.d/99-sysctl.conf").symlink_to("../sysctl.conf")
+    write(tmp_path, "/etc/sysctl.d/99-zz-provisioner.conf", "vm.swappiness = 10\n")
+    files = status.sysctl_files(str(tmp_path))
+    assert [os.path.basename(f) for f in files] == ["99-sysctl.conf", "99-zz-provisioner.conf"]
+    assert status.persisted_sysctl("vm.swappiness", files)[0] == "10"
+
+
+def test_sysctl_values_compare_word_by_word():
+    assert status.parse_sysctl("net.ipv4.tcp_rmem =\t4096  131072 6291456\n# x = 1\n") == [
+        ("net.ipv4.tcp_rmem", "4096 131072 6291456")]
+
+
+def test_sysctl_probe_reads_the_live_value_only_where_the_role_applied_it(tmp_path):
+    write(tmp_path, "/proc/sys/vm/swappiness", "60\n")
+    write(tmp_path, "/etc/sysctl.d/60-provisioner-cpu.conf", "vm.swappiness = 10\n")
+    probes = status.Probes(str(tmp_path))
+    check = {"name": "swappiness", "probe": "sysctl", "key": "vm.swappiness", "expected": "10"}
+    assert probes.measure({**check, "live": False}) == ("10", "ok", "")
+    live, state, reason = probes.measure({**check, "live": True})
+    assert state == "drifted" and "live 60" in live and "at boot 10" in live and "running kernel has 60" in reason
+
+
+def test_sysctl_probe_names_the_file_that_overrides_at_boot(tmp_path):
+    write(tmp_path, "/etc/sysctl.d/60-provisioner-cpu.conf", "vm.swappiness = 10\n")
+    write(tmp_path, "/etc/sysctl.d/99-local.conf", "vm.swappiness = 60\n")
+    live, state, reason = status.Probes(str(tmp_path)).measure(
+        {"name": "swappiness", "probe": "sysctl", "key": "vm.swappiness", "expected": "10"})
+    assert state == "drifted" and "99-local.conf" in reason and "at boot 60" in live
+
+
+# ---------------------------------------------------------------- THP
+
+
+@pytest.mark.parametrize(("text", "word"), [
+    ("always [madvise] never\n", "madvise"),
+    ("[always] madvise never", "always"),
+    ("always defer defer+madvise [madvise] never", "madvise"),
+    ("always defer [defer+madvise] madvise never", "defer+madvise"),
+    ("", None),
+])
+def test_thp_selected_word(text, word):
+    assert status.thp_selected(text) == word
+
+
+def test_thp_probe_live_and_persisted(tmp_path):
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    write(tmp_path, thp, "[always] madvise never\n")
+    write(tmp_path, "/etc/tmpfiles.d/provisioner-cpu.conf",
+          f"# comment\nw- {thp} - - - - never\nw- {thp} - - - - madvise\n")
+    probes = status.Probes(str(tmp_path))
+    check = {"name": "THP enabled", "probe": "thp", "path": thp, "expected": "madvise"}
+    assert probes.measure({**check, "live": True})[:2] == ("always", "drifted")
+    persisted = {**check, "live": False, "persisted_file": "/etc/tmpfiles.d/provisioner-cpu.conf"}
+    assert probes.measure(persisted) == ("madvise", "ok", "")
+    (tmp_path / "etc/tmpfiles.d/provisioner-cpu.conf").unlink()
+    assert probes.measure(persisted)[1] == "drifted"
+
+
+# ---------------------------------------------------------------- md arrays
+
+MDSTAT_OK = """Personalities : [raid1] [raid0]
+md127 : active raid1 loop4[1] loop3[0]
+      1046528 blocks super 1.2 [2/2] [UU]
+
+unused devices: <none>
+"""
+
+MDSTAT_FAILED = """Personalities : [raid1]
+md127 : active raid1 loop4[1](F) loop3[0]
+      1046528 blocks super 1.2 [2/1] [U_]
+
+unused devices: <none>
+"""
+
+MDSTAT_REMOVED = """Personalities : [raid10]
+md127 : active (auto-read-only) raid10 nvme0n1[0] nvme2n1[2] nvme3n1[3]
+      2093056 blocks super 1.2 512K chunks 2 near-copies [4/3] [U_UU]
+      bitmap: 0/1 pages [0KB], 65536KB chunk
+
+md0 : inactive sdb[0](S)
+      1046528 blocks super 1.2
+
+unused devices: <none>
+"""
+
+
+def test_mdstat_parsing():
+    arrays = status.parse_mdstat(MDSTAT_OK)
+    assert arrays["md127"] == {"active": True, "state": "active", "level": "raid1", "members": ["loop4", "loop3"],
+                               "failed": [], "slots": "[2/2]", "up": "UU", "degraded": False}
+    failed = status.parse_mdstat(MDSTAT_FAILED)["md127"]
+    assert failed["degraded"] and failed["failed"] == ["loop4"]
+    arrays = status.parse_mdstat(MDSTAT_REMOVED)
+    assert arrays["md127"]["level"] == "raid10" and arrays["md127"]["degraded"] and arrays["md127"]["up"] == "U_UU"
+    assert not arrays["md0"]["active"] and arrays["md0"]["level"] is None
+
+
+def md_root(tmp_path: Path, mdstat: str) -> status.Probes:
+    write(tmp_path, "/proc/mdstat", mdstat)
+    write(tmp_path, "/dev/md127", "")
+    (tmp_path / "dev/md").mkdir()
+    (tmp_path / "dev/md/data").symlink_to("../md127")
+    return status.Probes(str(tmp_path))
+
+
+def test_md_probe_ok_and_degraded_names_the_missing_member(tmp_path):
+    check = {"name": "data array", "probe": "md", "device": "/dev/md/data", "expected": "active, not degraded",
+             "members": ["loop3", "loop4"]}
+    assert md_root(tmp_path / "ok", MDSTAT_OK).measure(check) == ("md127 active raid1 [2/2] [UU]", "ok", "")
+    live, state, reason = md_root(tmp_path / "failed", MDSTAT_FAILED).measure(check)
+    assert state == "drifted" and "degraded" in live and reason == "/dev/md/data is degraded: loop4 failed"
+    removed = {**check, "members": ["nvme0n1", "nvme1n1", "nvme2n1", "nvme3n1"]}
+    assert md_root(tmp_path / "removed", MDSTAT_REMOVED).measure(removed)[2] == "/dev/md/data is degraded: nvme1n1 missing"
+
+
+def test_md_probe_without_the_driver_or_the_array(tmp_path):
+    check = {"name": "data array", "probe": "md", "device": "/dev/md/data", "expected": "active, not degraded"}
+    assert status.Probes(str(tmp_path)).measure(check) == (None, "not applicable", "not applicable: no md driver")
+    write(tmp_path, "/proc/mdstat", "Personalities :\nunused devices: <none>\n")
+    assert status.Probes(str(tmp_path)).measure(check)[1:] == ("drifted", "no /dev/md/data: the array is not assembled")
+
+
+# ---------------------------------------------------------------- mounts, hugepages, cpufreq, tuned
+
+MOUNTINFO = """22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+90 27 9:127 / /data rw,noatime - xfs /dev/md127 rw,attr2
+91 27 0:50 / /my\\040data rw - tmpfs tmpfs rw
+"""
+
+
+def test_mount_probe(tmp_path):
+    write(tmp_path, "/proc/self/mountinfo", MOUNTINFO)
+    probes = status.Probes(str(tmp_path))
+    assert probes.measure({"name": "m", "probe": "mount", "path": "/data", "fstype": "xfs", "expected": "xfs"}) == (
+        "xfs (/dev/md127)", "ok", "")
+    assert probes.measure({"name": "m", "probe": "mount", "path": "/data/", "fstype": "btrfs", "expected": "btrfs"})[1:] \
+        == ("drifted", "/data is xfs, not btrfs")
+    assert probes.measure({"name": "m", "probe": "mount", "path": "/scratch", "expected": "xfs"})[:2] == (
+        "not mounted", "drifted")
+    assert status.parse_mountinfo(MOUNTINFO)[-1]["mountpoint"] == "/my data"
+
+
+def test_hugepages_probe(tmp_path):
+    write(tmp_path, "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", "512\n")
+    write(tmp_path, "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages", "0\n")
+    write(tmp_path, "/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=/dev/vda\n")
+    probes = status.Probes(str(tmp_path))
+    assert probes.measure({"name": "h", "probe": "hugepages", "size": "2M", "expected": "512"}) == ("512", "ok", "")
+    assert probes.measure({"name": "h", "probe": "hugepages", "size": "2M", "expected": 1024})[1] == "drifted"
+    live, state, reason = probes.measure({"name": "h", "probe": "hugepages", "size": "1G", "expected": "4"})
+    assert state == "not applicable" and reason.startswith("reboot pending")
+    write(tmp_path, "/proc/cmdline", "root=/dev/vda hugepagesz=1G hugepages=4\n")
+    assert status.Probes(str(tmp_path)).measure({"name": "h", "probe": "hugepages", "size": "1G", "expected": "4"})[1] \
+        == "drifted"
+
+
+def test_cpufreq_probes(tmp_path):
+    check = {"name": "g", "probe": "governor", "expected": "performance", "live": True}
+    assert status.Probes(str(tmp_path)).measure(check) == (None, "not applicable", "not applicable: no cpufreq driver")
+    (tmp_path / "sys/devices/system/cpu/cpu0/cpufreq").mkdir(parents=True)
+    for n, governor in ((0, "performance"), (1, "powersave"), (10, "performance")):
+        write(tmp_path, f"/sys/devices/system/cpu/cpufreq/policy{n}/scaling_governor", governor + "\n")
+    live, state, reason = status.Probes(str(tmp_path)).measure(check)
+    assert state == "drifted" and live == "policy0=performance, policy1=powersave, policy10=performance"
+    assert "1 of 3" in reason and "policy1)" in reason
+    assert status.Probes(str(tmp_path)).measure({**check, "probe": "epp"})[1] == "not applicable"
+
+
+def test_tuned_probe_drifts_when_the_profile_directory_is_gone(tmp_path):
+    check = {"name": "t", "probe": "tuned", "expected": "provisioner-ml", "profile_dir": "/etc/tuned/provisioner-ml"}
+    assert status.Probes(str(tmp_path)).measure(check) == (
+        None, "drifted", "the profile's directory /etc/tuned/provisioner-ml is gone")
+    (tmp_path / "etc/tuned/provisioner-ml").mkdir(parents=True)
+    assert status.Probes(str(tmp_path)).measure(check)[1] == "not applicable"  # no systemd as PID 1 in tmp_path
+
+
+# ---------------------------------------------------------------- login shell and service environments
+
+
+def test_env_parsing():
+    text = "HOME=/home/ml\nOMP_NUM_THREADS=8\nLS_COLORS=a=b:c=d\n  continued line\n=odd\nKMP_AFFINITY=granularity=core,none\n"
+    assert status.parse_env(text) == {"HOME": "/home/ml", "OMP_NUM_THREADS": "8", "LS_COLORS": "a=b:c=d",
+                                      "KMP_AFFINITY": "granularity=core,none"}
+
+
+def test_login_env_runs_one_login_shell_per_user(monkeypatch):
+    calls = []
+
+    def fake_run(argv, timeout=60):
+        calls.append(argv)
+        return 0, "OMP_NUM_THREADS=64\nMKL_NUM_THREADS=8\n", ""
+
+    monkeypatch.setattr(status, "run", fake_run)
+    probes = status.Probes()
+    omp = probes.measure({"name": "o", "probe": "login_env", "user": "ml", "var": "OMP_NUM_THREADS", "expected": "8"})
+    mkl = probes.measure({"name": "m", "probe": "login_env", "user": "ml", "var": "MKL_NUM_THREADS", "expected": "8"})
+    gone = probes.measure({"name": "n", "probe": "login_env", "user": "ml", "var": "NUMEXPR_NUM_THREADS", "expected": "8"})
+    assert omp == ("64", "drifted", "a login shell of ml has OMP_NUM_THREADS=64")
+    assert mkl == ("8", "ok", "")
+    assert gone == ("(unset)", "drifted", "a login shell of ml has no NUMEXPR_NUM_THREADS")
+    assert calls == [["runuser", "-l", "ml", "-c", "env"]]
+
+
+def test_service_env_needs_systemd_as_pid1(tmp_path, monkeypatch):
+    check = {"name": "s", "probe": "service_env", "var": "OMP_NUM_THREADS", "expected": "8"}
+    assert status.Probes(str(tmp_path)).measure(check) == (None, "not applicable", "not applicable: systemd is not PID 1")
+    write(tmp_path, "/proc/1/comm", "systemd\n")
+    (tmp_path / "run/systemd/system").mkdir(parents=True)
+    monkeypatch.setattr(status, "run", lambda argv, timeout=60: (0, "OMP_NUM_THREADS=8\n", ""))
+    assert status.Probes(str(tmp_path)).measure(check) == ("8", "ok", "")
+
+
+def test_doctor_reading():
+    ok = {"ok": True, "checks": [{"name": "blas-kernel", "status": "pass", "detail": "OpenBLAS SkylakeX"},
+                                 {"name": "openmp", "status": "pass", "detail": "one runtime: GNU libgomp"}]}
+    assert status.doctor_reading(ok) == ("pass (blas-kernel: OpenBLAS SkylakeX; openmp: one runtime: GNU libgomp)", "ok", "")
+    bad = {"ok": False, "checks": [{"name": "blas-kernel", "status": "fail", "detail": "Haswell on AVX-512"},
+                                   {"name": "openmp", "status": "fail", "detail": "2 OpenMP runtimes"}]}
+    assert status.doctor_reading(bad) == ("fail", "drifted", "blas-kernel: Haswell on AVX-512; openmp: 2 OpenMP runtimes")
+
+
+# ---------------------------------------------------------------- the comparison, the files, the exit code
+
+
+def test_comparison():
+    assert status.compare("10", "10", "x") == ("10", "ok", "")
+    assert status.compare("4096 131072", "4096\t131072", "x")[1] == "ok"
+    assert status.compare("60", "10", "at boot 60") == ("60", "drifted", "at boot 60")
+    assert status.compare(None, "10", "missing")[1] == "drifted"
+
+
+def expected_dir(tmp_path: Path, docs: dict[str, object]) -> Path:
+    d = tmp_path / "expected"
+    d.mkdir()
+    for role, doc in docs.items():
+        (d / f"{role}.json").write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return d
+
+
+def fake_root(tmp_path: Path, swappiness: str) -> Path:
+    root = tmp_path / "root"
+    write(root, "/etc/sysctl.d/60-provisioner-cpu.conf", f"vm.swappiness = {swappiness}\n")
+    write(root, "/sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never\n")
+    return root
+
+
+CPU = {"schema": 1, "role": "cpu_tuning", "checks": [
+    {"name": "swappiness", "probe": "sysctl", "key": "vm.swappiness", "expected": "10", "live": False},
+    {"name": "THP enabled", "probe": "thp", "path": "/sys/kernel/mm/transparent_hugepage/enabled", "expected": "madvise"},
+    {"name": "CPU governor", "probe": "governor", "expected": "performance", "live": True},
+]}
+
+
+@pytest.mark.parametrize(("swappiness", "code", "drifted"), [("10", 0, 0), ("60", 1, 1)])
+def test_main_json_and_exit_code(tmp_path, capsys, swappiness, code, drifted):
+    d = expected_dir(tmp_path, {"cpu_tuning": CPU, "hugepages": {"schema": 1, "role": "hugepages", "checks": []}})
+    root = fake_root(tmp_path, swappiness)
+    rc = status.main(["--expected-dir", str(d), "--json"], probes_factory=lambda: status.Probes(str(root)))
+    out = json.loads(capsys.readouterr().out)
+    assert rc == code and out["drifted"] == drifted and out["schema"] == 1 and out["host"]
+    assert [(s["role"], s["name"], s["state"]) for s in out["settings"]] == [
+        ("cpu_tuning", "swappiness", "ok" if code == 0 else "drifted"),
+        ("cpu_tuning", "THP enabled", "ok"),
+        ("cpu_tuning", "CPU governor", "not applicable"),
+    ]
+    assert set(out["settings"][0]) == {"role", "name", "probe", "expected", "live", "state", "reason"}
+
+
+def test_table_lists_drift_first_with_both_values(tmp_path, capsys):
+    d = expected_dir(tmp_path, {"cpu_tuning": CPU})
+    root = fake_root(tmp_path, "60")
+    assert status.main(["--expected-dir", str(d)], probes_factory=lambda: status.Probes(str(root))) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:4] == ["cpu_tuning", "swappiness", "10", "at"] and "drifted" in lines[1]
+    assert "60" in lines[1] and "1 drifted of 3 settings" in lines[-1]
+
+
+@pytest.mark.parametrize(("docs", "named"), [
+    ({"cpu_tuning": "{not json"}, "cpu_tuning.json"),
+    ({"storage": {"schema": 2, "role": "storage", "checks": []}}, "storage.json"),
+    ({"storage": {"schema": 1, "role": "storage", "checks": [{"name": "x", "probe": "nope", "expected": "1"}]}},
+     "storage.json"),
+])
+def test_bad_input_exits_2_naming_the_file(tmp_path, capsys, docs, named):
+    d = expected_dir(tmp_path, docs)
+    assert status.main(["--expected-dir", str(d)]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_missing_expected_dir_exits_2(tmp_path, capsys):
+    assert status.main(["--expected-dir", str(tmp_path / "none")]) == 2
+    assert "provisioner up" in capsys.readouterr().err
+
+
+def test_an_unreadable_expected_file_exits_2(tmp_path, capsys):
+    d = expected_dir(tmp_path, {})
+    (d / "thread_env.json").mkdir()  # a directory: open() fails as for a file root cannot read
+    assert status.main(["--expected-dir", str(d)]) == 2
+    assert "thread_env.json" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the textfile, parsed back
+
+PLAN = {"values": {"swappiness": 10, "threads_per_job": 8, "thp_enabled": "madvise", "cpu_boost": True,
+                   "numa_balancing": None, "kmp_blocktime": 1.5, "drives": ["a"]}}
+
+
+@pytest.mark.parametrize("use_client", [True, False], ids=["prometheus_client", "standard library"])
+def test_textfile_parses_with_prometheus_client(tmp_path, use_client):
+    parser = pytest.importorskip("prometheus_client.parser")
+    result = status.report([
+        {"role": "cpu_tuning", "name": "swappiness", "probe": "sysctl", "expected": "10", "live": "60",
+         "state": "drifted", "reason": ""},
+        {"role": "thread_env", "name": 'OMP_NUM_THREADS in a "login" shell', "probe": "login_env", "expected": "8",
+         "live": "8", "state": "ok", "reason": ""},
+        {"role": "cpu_tuning", "name": "CPU governor", "probe": "governor", "expected": "performance", "live": None,
+         "state": "not applicable", "reason": "not applicable: no cpufreq driver"},
+    ], 0.1, host="box")
+    out = tmp_path / "textfile"
+    out.mkdir()
+    path = status.write_textfile(str(out), status.metric_samples(result, PLAN, 1700000000.0), use_client=use_client)
+    assert path == str(out / "provisioner_status.prom") and os.listdir(out) == ["provisioner_status.prom"]
+    assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+    samples = {}
+    for family in parser.text_string_to_metric_families(Path(path).read_text()):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((dict(s.labels), s.value))
+    assert sorted(samples["provisioner_setting_drifted"], key=str) == sorted([
+        ({"role": "cpu_tuning", "setting": "swappiness"}, 1.0),
+        ({"role": "thread_env", "setting": 'OMP_NUM_THREADS in a "login" shell'}, 0.0),
+    ], key=str)
+    assert samples["provisioner_settings_drifted"] == [({}, 1.0)]
+    assert samples["provisioner_status_last_run_timestamp_seconds"] == [({}, 1700000000.0)]
+    assert sorted(samples["provisioner_plan_value"], key=str) == sorted([
+        ({"key": "swappiness"}, 10.0), ({"key": "threads_per_job"}, 8.0), ({"key": "cpu_boost"}, 1.0),
+        ({"key": "kmp_blocktime"}, 1.5)], key=str)
+    assert samples["provisioner_plan_info"] == [({"key": "thp_enabled", "value": "madvise"}, 1.0)]
+
+
+def test_main_writes_the_textfile_and_refuses_a_missing_directory(tmp_path, capsys):
+    d = expected_dir(tmp_path, {"cpu_tuning": CPU})
+    root = fake_root(tmp_path, "10")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    out = tmp_path / "textfile"
+    out.mkdir()
+    args = ["--expected-dir", str(d), "--plan", str(plan), "--textfile", str(out)]
+    assert status.main(args, probes_factory=lambda: status.Probes(str(root))) == 0
+    text = (out / "provisioner_status.prom").read_text()
+    assert 'provisioner_setting_drifted{role="cpu_tuning",setting="swappiness"} 0.0' in text
+    assert "CPU governor" not in text  # not applicable: absent
+    assert status.main([*args[:-1], str(tmp_path / "none")]) == 2
