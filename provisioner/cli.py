@@ -207,6 +207,21 @@ def verify(
 
 
 @app.command()
+def status(inventory: Inventory = None, limit: Limit = None, json: Json = False, accept_new_host_keys: AcceptNew = False) -> None:
+    """Show, per host, every setting the roles manage: expected, live, and ok / drifted / not applicable.
+
+    Changes nothing and needs no smoke run. Exit code 1 when anything drifted (provisioner up
+    repairs it), 2 for a host never provisioned.
+    """
+    _finish(
+        "status",
+        json,
+        lambda _: commands.status(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
+        render.status,
+    )
+
+
+@app.command()
 def smoke(
     inventory: Inventory = None,
     limit: Limit = None,

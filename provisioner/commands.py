@@ -8,7 +8,7 @@ before it has anything to show (bad input, a problem on the control node) are ra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,11 +72,12 @@ class UpOutcome:
     rebooted: RunResult | None = None
     verified: VerifyResult | None = None
     smoked: SmokeRun | None = None
+    published: RunResult | None = None  # the smoke figures copied to the hosts as metrics
 
     @property
     def exit_code(self) -> ExitCode:
-        """The first step that did not succeed decides: apply, reboot, verify, smoke."""
-        steps = (self.run, self.rebooted, self.verified, self.smoked)
+        """The first step that did not succeed decides: apply, reboot, verify, smoke, its metrics."""
+        steps = (self.run, self.rebooted, self.verified, self.smoked, self.published)
         return first_failure(s.exit_code if s is not None else None for s in steps)
 
     def to_dict(self) -> dict[str, Any]:
@@ -122,6 +123,7 @@ def up(
     )
     outcome = UpOutcome(run, decide(run.facts, run.hostvars, allow_reboot=reboot and not check))
     errors = list(run.errors)
+    published: tuple[str, ...] = ()
     if outcome.decision.reboot and run.exit_code == ExitCode.OK:
         outcome.rebooted = engine.run_playbook(
             "reboot.yml", inv, limit=",".join(outcome.decision.reboot), accept_new_host_keys=accept_new_host_keys
@@ -134,7 +136,10 @@ def up(
             inv, limit=limit, extravars=extravars, accept_new_host_keys=accept_new_host_keys, on_progress=on_progress
         )
         errors += outcome.smoked.run.errors
-    return Result("up", outcome, outcome.exit_code, reboot_messages(outcome.decision, allowed=reboot), tuple(errors))
+        outcome.published, published = publish_metrics(inv, outcome.smoked.reports, accept_new_host_keys=accept_new_host_keys)
+        errors += outcome.published.errors if outcome.published else []
+    messages = (*reboot_messages(outcome.decision, allowed=reboot), *published)
+    return Result("up", outcome, outcome.exit_code, messages, tuple(errors))
 
 
 def reboot_messages(decision: RebootDecision, allowed: bool) -> tuple[str, ...]:
@@ -165,6 +170,77 @@ def verify(inventory: Path | None, *, limit: str | None = None) -> Result[Verify
     return Result("verify", result, result.exit_code)
 
 
+# ---------------------------------------------------------------- status
+
+STATUS_FACT = "provisioner_status"
+DRIFTED, OK, NOT_APPLICABLE = "drifted", "ok", "not applicable"
+# Failures first: what drifted, then what holds, then what does not apply to the host.
+_STATE_ORDER = {DRIFTED: 0, OK: 1, NOT_APPLICABLE: 2}
+
+
+@dataclass
+class HostStatus:
+    """One host's managed settings, each the role's expected value against the live one."""
+
+    host: str
+    settings: list[dict[str, Any]]
+    seconds: float | None = None
+
+    @classmethod
+    def from_fact(cls, host: str, fact: dict[str, Any]) -> HostStatus:
+        settings = sorted(fact.get("settings") or [], key=lambda s: _STATE_ORDER.get(s.get("state", ""), 1))
+        return cls(host, settings, fact.get("seconds"))
+
+    @property
+    def drifted(self) -> list[dict[str, Any]]:
+        return [s for s in self.settings if s.get("state") == DRIFTED]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "seconds": self.seconds, "drifted": len(self.drifted), "settings": self.settings}
+
+
+@dataclass
+class StatusRun:
+    """The read-only status playbook's run and every host's settings it could read."""
+
+    run: RunResult
+    hosts: dict[str, HostStatus]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """The run's own failure first (3 unreachable, 2 never provisioned), else 1 when anything drifted."""
+        drifted = any(h.drifted for h in self.hosts.values())
+        return first_failure((self.run.exit_code, ExitCode.HOST_FAILED if drifted else ExitCode.OK))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "exit_code": int(self.exit_code),
+            "run": self.run.to_dict(),
+            "hosts": {name: h.to_dict() for name, h in self.hosts.items()},
+        }
+
+
+def status(inventory: Path | None, **run_options: Any) -> Result[StatusRun]:
+    """Every setting the roles manage, expected against live, per host (playbooks/status.yml,
+    changes nothing); `run_options` are engine.run_playbook's (limit, accept_new_host_keys, on_progress)."""
+    run = engine.run_playbook("status.yml", engine.resolve_inventory(inventory), **run_options)
+    hosts = {h: HostStatus.from_fact(h, f[STATUS_FACT]) for h, f in sorted(run.facts.items()) if f.get(STATUS_FACT)}
+    outcome = StatusRun(run, hosts)
+    return Result("status", outcome, outcome.exit_code, repair_messages(hosts.values()), tuple(run.errors))
+
+
+def repair_messages(hosts: Iterable[HostStatus]) -> tuple[str, ...]:
+    """For each host that drifted: how many settings, and the run that puts them back."""
+    out = []
+    for h in hosts:
+        if h.drifted:
+            roles = ",".join(sorted({str(s.get("role")) for s in h.drifted}))
+            out.append(
+                f"{h.host}: {len(h.drifted)} setting(s) drifted; repair with: provisioner up --limit {h.host} --tags {roles}"
+            )
+    return tuple(out)
+
+
 # ---------------------------------------------------------------- smoke
 
 
@@ -192,10 +268,46 @@ def measure(
 
 
 def smoke(inventory: Path | None, **kwargs: Any) -> Result[SmokeRun]:
-    """Measure the ML workloads on each host against the hardware's limits (see `measure`)."""
-    result = measure(engine.resolve_inventory(inventory), **kwargs)
-    messages = (f"report: {result.html}",) if result.html else ()
-    return Result("smoke", result, result.exit_code, messages, tuple(result.run.errors))
+    """Measure the ML workloads on each host against the hardware's limits (see `measure`),
+    then publish the tuned figures as metrics (see `publish_metrics`)."""
+    inv = engine.resolve_inventory(inventory)
+    result = measure(inv, **kwargs)
+    published, notes = publish_metrics(inv, result.reports, accept_new_host_keys=kwargs.get("accept_new_host_keys", False))
+    messages = ((f"report: {result.html}",) if result.html else ()) + notes
+    errors = (*result.run.errors, *(published.errors if published else ()))
+    code = first_failure((result.exit_code, published.exit_code if published else None))
+    return Result("smoke", result, code, messages, errors)
+
+
+def publish_metrics(
+    inventory: Path, reports: Sequence[Any], *, accept_new_host_keys: bool = False
+) -> tuple[RunResult | None, tuple[str, ...]]:
+    """Render each tuned host's judged figures as textfile metrics, keep them beside its smoke
+    history and copy them into the host's textfile directory where role monitoring made one
+    (playbooks/smoke_metrics.yml). A baseline is the machine before tuning: never published.
+    Returns that run (None when nothing was published) and one note per host: where they went."""
+    from . import metrics
+
+    files = {r.host: str(metrics.write_smoke(r)) for r in reports if r.mode == "tuned"}
+    if not files:
+        return None, ()
+    run = engine.run_playbook(
+        "smoke_metrics.yml",
+        inventory,
+        limit=",".join(files),
+        extravars={"smoke_metrics_files": files},
+        accept_new_host_keys=accept_new_host_keys,
+    )
+    notes = []
+    for host, kept in files.items():
+        remote = run.facts.get(host, {}).get("smoke_metrics_published")
+        where = (
+            f"{host}:{remote} (node_exporter's textfile collector)"
+            if remote
+            else "no textfile directory on the host (role monitoring)"
+        )
+        notes.append(f"smoke metrics of {host}: {where}; kept in {kept}")
+    return run, tuple(notes)
 
 
 # ---------------------------------------------------------------- bundle

@@ -16,7 +16,7 @@ from rich.text import Text
 from .runs import Diff, HostResult, RunResult
 
 if TYPE_CHECKING:
-    from .commands import FactsOutcome, UpOutcome
+    from .commands import FactsOutcome, StatusRun, UpOutcome
     from .verify import VerifyResult
 
 # Width of the output when it goes to a pipe, a file or a CI log: wide enough that a table
@@ -303,6 +303,35 @@ def up(outcome: UpOutcome, verbose: bool = False) -> None:
 def undo(result: RunResult) -> None:
     changes(result)
     run_summary(result)
+
+
+_SETTING_STYLE = {"ok": "green", "drifted": "red", "not applicable": "dim"}
+
+
+def status(result: StatusRun) -> None:
+    """One table per host: every managed setting, drifted first, with the expected and the live value."""
+    if result.run.exit_code != 0:
+        run_summary(result.run)
+    for host, h in result.hosts.items():
+        took = f", {h.seconds:.1f} s" if h.seconds is not None else ""
+        table = Table(title=f"{host}: status ({len(h.drifted)} drifted{took})", title_justify="left")
+        for col in ("role", "setting", "expected", "live", "state", "reason"):
+            table.add_column(col, overflow="fold")
+        for s in h.settings:
+            state = str(s.get("state", ""))
+            table.add_row(
+                Text(str(s.get("role", ""))),
+                Text(str(s.get("name", ""))),
+                Text(_shown(s.get("expected"))),
+                Text(_shown(s.get("live"))),
+                Text(state, style=_SETTING_STYLE.get(state, "")),
+                Text(str(s.get("reason") or "")),
+            )
+        console.print(table)
+
+
+def _shown(value: Any) -> str:
+    return "-" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 def notes(messages: Iterable[str], errors: Iterable[str]) -> None:

@@ -1,0 +1,219 @@
+"""`provisioner status`: the read-only playbook that ships the status script, the command's exit
+codes (1 drift, 2 never provisioned, 3 unreachable), failures first, and the JSON envelope.
+
+The playbook runs for real through ansible-playbook on this machine (local connection) with a
+stand-in script whose output is the status script's JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from provisioner import commands, engine, paths, render
+from provisioner.cli import app
+from provisioner.errors import ExitCode
+from provisioner.runs import HostResult, RunResult
+
+runner = CliRunner()
+
+SETTINGS = [
+    {"role": "cpu_tuning", "name": "swappiness", "probe": "sysctl", "expected": "10", "live": "10", "state": "ok", "reason": ""},
+    {"role": "cpu_tuning", "name": "tuned profile", "probe": "tuned", "expected": "provisioner", "live": "balanced",
+     "state": "drifted", "reason": "profile directory /etc/tuned/provisioner is gone"},
+    {"role": "cpu_tuning", "name": "governor", "probe": "governor", "expected": "performance", "live": None,
+     "state": "not applicable", "reason": "not applicable: no cpufreq driver"},
+    {"role": "thread_env", "name": "OMP_NUM_THREADS in a login shell of ml", "probe": "login_env", "expected": "2",
+     "live": "64", "state": "drifted", "reason": ""},
+]
+
+
+def status_json(settings=SETTINGS, host="web1") -> dict:
+    drifted = sum(s["state"] == "drifted" for s in settings)
+    return {"schema": 1, "host": host, "seconds": 0.8, "settings": settings, "drifted": drifted}
+
+
+def run_of(facts: dict, **host_counts) -> RunResult:
+    hosts = {h: HostResult(h, ok=3, **host_counts) for h in facts}
+    return RunResult("status.yml", False, 0, hosts, facts, [], Path("/x"), 1.5)
+
+
+@pytest.fixture
+def fake_engine(monkeypatch, tmp_path):
+    """engine.run_playbook replaced by a given result; the inventory a real file."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all: {hosts: {web1: {}}}\n")
+    calls = []
+
+    def install(result: RunResult):
+        def run_playbook(playbook, inv, **kwargs):
+            calls.append((playbook, kwargs))
+            return result
+
+        monkeypatch.setattr(engine, "run_playbook", run_playbook)
+        return inventory
+
+    install.calls = calls
+    return install
+
+
+def test_drift_is_exit_1_with_drifted_settings_first(fake_engine):
+    inv = fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json()}}))
+    result = commands.status(inv, limit="web1")
+    assert fake_engine.calls == [("status.yml", {"limit": "web1"})]
+    assert result.exit_code == ExitCode.HOST_FAILED
+    host = result.value.hosts["web1"]
+    assert [s["state"] for s in host.settings] == ["drifted", "drifted", "ok", "not applicable"]
+    assert [s["name"] for s in host.drifted] == ["tuned profile", "OMP_NUM_THREADS in a login shell of ml"]
+    assert result.messages == (
+        "web1: 2 setting(s) drifted; repair with: provisioner up --limit web1 --tags cpu_tuning,thread_env",
+    )
+
+
+def test_a_clean_host_is_exit_0(fake_engine):
+    clean = [dict(s, state="ok", live=s["expected"]) for s in SETTINGS]
+    inv = fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json(clean)}}))
+    result = commands.status(inv)
+    assert result.exit_code == ExitCode.OK and result.messages == ()
+    assert result.data["hosts"]["web1"]["drifted"] == 0
+
+
+def test_not_applicable_and_unknown_states_are_not_drift(fake_engine):
+    settings = [dict(SETTINGS[2]), dict(SETTINGS[0], state="reboot pending")]
+    inv = fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json(settings)}}))
+    assert commands.status(inv).exit_code == ExitCode.OK
+
+
+def test_a_host_never_provisioned_is_bad_input(fake_engine):
+    refused = run_of({"web1": {}}, failed=1, refused=1)
+    refused.hosts["web1"].errors.append("no expected state at /etc/provisioner/expected on web1: ... run provisioner up first")
+    result = commands.status(fake_engine(refused))
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert result.value.hosts == {} and "provisioner up" in result.errors[0]
+
+
+def test_unreachable_wins_over_drift(fake_engine):
+    run = run_of({"web1": {commands.STATUS_FACT: status_json()}, "web2": {}})
+    run.hosts["web2"].unreachable = 1
+    result = commands.status(fake_engine(run))
+    assert result.exit_code == ExitCode.UNREACHABLE
+    assert set(result.value.hosts) == {"web1"}, "the reachable host's settings are still shown"
+
+
+def test_cli_prints_the_envelope_and_exits_with_its_code(fake_engine):
+    inv = fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json()}}))
+    out = runner.invoke(app, ["status", "-i", str(inv), "--json"])
+    assert out.exit_code == ExitCode.HOST_FAILED
+    env = json.loads(out.stdout)
+    assert list(env) == ["schema", "command", "exit_code", "data", "messages", "errors"]
+    assert env["command"] == "status" and env["exit_code"] == 1 and env["data"]["exit_code"] == 1
+    host = env["data"]["hosts"]["web1"]
+    assert host["drifted"] == 2 and host["settings"][0]["name"] == "tuned profile"
+    assert env["data"]["run"]["playbook"] == "status.yml"
+
+
+def test_the_table_names_each_drifted_setting_with_both_values(monkeypatch, fake_engine):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()
+    monkeypatch.setattr(render, "console", render.make_console(file=out))
+    result = commands.status(fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json()}})))
+    render.status(result.value)
+    lines = out.getvalue().splitlines()
+    assert "web1: status (2 drifted, 0.8 s)" in lines[0]
+    rows = [ln for ln in lines if "│" in ln and "role" not in ln]
+    assert "tuned profile" in rows[0] and "provisioner" in rows[0] and "balanced" in rows[0] and "drifted" in rows[0]
+    assert "OMP_NUM_THREADS" in rows[1] and " 2 " in rows[1] and "64" in rows[1]
+    assert "not applicable" in rows[-1] and "no cpufreq driver" in rows[-1]
+
+
+# ---------------------------------------------------------------- the playbook, for real
+
+
+def test_status_playbook_marks_its_read_only_first_play():
+    book = paths.PLAYBOOKS / "status.yml"
+    assert engine.input_check_plays(book) == {0}
+    plays = yaml.safe_load(book.read_text())
+    assert all(p["gather_facts"] is False for p in plays), "status is fast: no fact gathering"
+    tasks = [t for p in plays for t in p["tasks"]]
+    assert {next(k for k in t if k.startswith("ansible.builtin.")) for t in tasks} == {
+        "ansible.builtin.stat", "ansible.builtin.assert", "ansible.builtin.script", "ansible.builtin.set_fact"
+    }, "read-only modules only"
+    script = next(t for t in tasks if "ansible.builtin.script" in t)
+    assert script["changed_when"] is False and script["check_mode"] is False
+    # The script the playbook ships is the one role shared carries (and role monitoring installs).
+    assert "roles/shared/files/provisioner_status.py" in plays[0]["vars"]["_status"]["script"]
+
+
+def test_the_shipped_script_exists():
+    assert (paths.ROLES / "shared" / "files" / "provisioner_status.py").is_file()
+
+
+@pytest.fixture
+def local(tmp_path, monkeypatch):
+    """This machine as an inventory, a state dir of the test's own, and a stand-in status
+    script under tmp_path (it prints STATUS_OUT and exits with STATUS_RC)."""
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        yaml.safe_dump({"all": {"hosts": {"box": {"ansible_connection": "local",
+                                                  "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}}})
+    )
+    (tmp_path / "expected").mkdir()
+
+    def with_script(out: str, rc: int, stderr: str = "") -> dict:
+        script = tmp_path / "status.py"
+        script.write_text(textwrap.dedent(f"""\
+            import sys
+            assert sys.argv[1:] == ["--json", "--expected-dir", {str(tmp_path / 'expected')!r},
+                                    "--plan", {str(tmp_path / 'plan.json')!r}], sys.argv
+            sys.stdout.write({out!r})
+            sys.stderr.write({stderr!r})
+            sys.exit({rc})
+            """))
+        status = {"expected_dir": str(tmp_path / "expected"), "plan_file": str(tmp_path / "plan.json"), "script": str(script)}
+        return {"_status": status}
+
+    return inv, with_script
+
+
+def status_via_playbook(inv: Path, extravars: dict, monkeypatch) -> commands.Result:
+    real = engine.run_playbook
+    monkeypatch.setattr(engine, "run_playbook", lambda book, i, **kw: real(book, i, extravars=extravars, **kw))
+    return commands.status(inv)
+
+
+def test_playbook_runs_the_script_and_drift_is_not_a_task_failure(local, monkeypatch):
+    inv, with_script = local
+    result = status_via_playbook(inv, with_script(json.dumps(status_json(host="box")), 1), monkeypatch)
+    assert result.exit_code == ExitCode.HOST_FAILED, result.errors
+    assert result.value.run.exit_code == ExitCode.OK and result.value.run.hosts["box"].changed == 0
+    assert [s["name"] for s in result.value.hosts["box"].drifted] == ["tuned profile", "OMP_NUM_THREADS in a login shell of ml"]
+
+
+def test_playbook_refuses_a_host_without_expected_state(local, monkeypatch, tmp_path):
+    inv, with_script = local
+    (tmp_path / "expected").rmdir()
+    result = status_via_playbook(inv, with_script("{}", 0), monkeypatch)
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert f"no expected state at {tmp_path / 'expected'} on box" in result.errors[0]
+    assert "run provisioner up first" in result.errors[0]
+
+
+def test_playbook_reports_a_script_refusal_as_a_failure_naming_it(local, monkeypatch):
+    inv, with_script = local
+    extravars = with_script("", 2, "cannot read /etc/provisioner/expected/cpu_tuning.json: not JSON\n")
+    result = status_via_playbook(inv, extravars, monkeypatch)
+    assert result.exit_code == ExitCode.HOST_FAILED and result.value.hosts == {}
+    assert "cannot read /etc/provisioner/expected/cpu_tuning.json: not JSON" in result.errors[0]
+
+
+def test_playbook_works_in_check_mode(local, monkeypatch):
+    inv, with_script = local
+    clean = status_json([dict(SETTINGS[0])], host="box")
+    run = engine.run_playbook("status.yml", inv, check=True, extravars=with_script(json.dumps(clean), 0))
+    assert run.exit_code == ExitCode.OK and run.facts["box"][commands.STATUS_FACT] == clean
