@@ -206,7 +206,7 @@ def test_hugepages_probe(tmp_path):
     probes = status.Probes(str(tmp_path))
     assert probes.measure({"name": "h", "probe": "hugepages", "size": "2M", "expected": "512"}) == ("512", "ok", "")
     assert probes.measure({"name": "h", "probe": "hugepages", "size": "2M", "expected": 1024})[1] == "drifted"
-    live, state, reason = probes.measure({"name": "h", "probe": "hugepages", "size": "1G", "expected": "4"})
+    _live, state, reason = probes.measure({"name": "h", "probe": "hugepages", "size": "1G", "expected": "4"})
     assert state == "not applicable" and reason.startswith("reboot pending")
     write(tmp_path, "/proc/cmdline", "root=/dev/vda hugepagesz=1G hugepages=4\n")
     assert status.Probes(str(tmp_path)).measure({"name": "h", "probe": "hugepages", "size": "1G", "expected": "4"})[1] \
