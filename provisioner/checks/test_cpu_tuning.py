@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from provisioner import paths
 from provisioner.checks import applied_plan, as_root, role_vars
 
 PROFILE_DIR = "/etc/tuned/provisioner-ml"
@@ -19,6 +20,7 @@ TMPFILES_FILE = "/etc/tmpfiles.d/provisioner-cpu.conf"
 STATE_DIR = "/var/lib/provisioner"
 THP = "/sys/kernel/mm/transparent_hugepage"
 CPUFREQ = "/sys/devices/system/cpu/cpufreq"
+STATUS_SCRIPT = paths.ROLES / "shared" / "files" / "provisioner_status.py"
 
 
 def _none(value):
@@ -187,3 +189,28 @@ def test_originals_recorded(host, state_dir):
     assert "/proc/sys/vm/swappiness" in data["live"]
     assert "tuned_profile" in data
     assert SYSCTL_FILE in data["created"] and PROFILE_DIR in data["created"]
+
+
+def declared_status(host, role: str) -> list[dict]:
+    """ROLE's settings as the status script sees them on the target, from what ROLE declared."""
+    expected = f"{role_vars(host, 'common')['common_config_dir']}/expected"
+    f = host.file(f"{expected}/{role}.json")
+    assert f.exists and f.user == "root" and f.mode == 0o644, f"{role} declared no expected state in {expected}"
+    with as_root(host):
+        r = host.run("python3 -c %s --expected-dir %s --json", STATUS_SCRIPT.read_text(), expected)
+    assert r.rc in (0, 1) and r.stdout.strip(), f"the status script exited {r.rc}: {r.stderr.strip()[-500:]}"
+    return [s for s in json.loads(r.stdout)["settings"] if s["role"] == role]
+
+
+def drifted(settings: list[dict]) -> list[str]:
+    return [
+        f"{s['name']}: expected {s['expected']}, live {s['live']} ({s['reason']})" for s in settings if s["state"] == "drifted"
+    ]
+
+
+def test_status_finds_no_drift(host, cpu):
+    settings = declared_status(host, "cpu_tuning")
+    names = {s["name"] for s in settings}
+    assert {"swappiness", "THP enabled", "THP defrag", "tuned profile"} <= names, names
+    assert ("CPU governor" in names) == (cpu["cpu_tuning_governor"] is not None)
+    assert drifted(settings) == []

@@ -9,6 +9,7 @@ import shlex
 import pytest
 
 from provisioner.checks import applied_plan, as_root, role_vars
+from provisioner.checks.test_cpu_tuning import declared_status, drifted
 
 PROFILE = "/etc/profile.d/60-provisioner-threads.sh"
 USER_ENV = "/etc/environment.d/60-provisioner-threads.conf"
@@ -247,3 +248,13 @@ def test_ml_env_pins_trials_to_disjoint_cores(host):
     rows = sorted(line.split() for line in out.splitlines())
     assert [r[:3] for r in rows] == [["0", "close", "cores"], ["1", "close", "cores"]]
     assert rows[0][4] != rows[1][4], f"pinned trials share CPUs: {rows}"
+
+
+def test_status_finds_no_drift(host, expected, ml_user):
+    settings = declared_status(host, "thread_env")
+    assert {s["name"] for s in settings} == {f"{v} in a login shell of {ml_user}" for v in expected} | {
+        f"{v} in a service" for v in expected
+    }
+    assert drifted(settings) == []
+    if systemd_is_pid1(host):
+        assert {s["state"] for s in settings} == {"ok"}
