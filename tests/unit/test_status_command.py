@@ -134,19 +134,19 @@ def test_the_table_names_each_drifted_setting_with_both_values(monkeypatch, fake
 # ---------------------------------------------------------------- the playbook, for real
 
 
-def test_status_playbook_marks_its_read_only_first_play():
+def test_status_playbook_is_one_read_only_task_per_host():
     book = paths.PLAYBOOKS / "status.yml"
+    # The script's refusal (no expected state: never provisioned) is bad input.
     assert engine.input_check_plays(book) == {0}
     plays = yaml.safe_load(book.read_text())
     assert all(p["gather_facts"] is False for p in plays), "status is fast: no fact gathering"
-    tasks = [t for p in plays for t in p["tasks"]]
-    assert {next(k for k in t if k.startswith("ansible.builtin.")) for t in tasks} == {
-        "ansible.builtin.stat", "ansible.builtin.assert", "ansible.builtin.script", "ansible.builtin.set_fact"
-    }, "read-only modules only"
-    script = next(t for t in tasks if "ansible.builtin.script" in t)
+    modules = [[next(k for k in t if k.startswith("ansible.builtin.")) for t in p["tasks"]] for p in plays]
+    # One task reaches the host; the rest runs on the control node.
+    assert modules == [["ansible.builtin.script"], ["ansible.builtin.assert", "ansible.builtin.set_fact"]]
+    script = plays[0]["tasks"][0]
     assert script["changed_when"] is False and script["check_mode"] is False
     # The script the playbook ships is the one role shared carries (and role monitoring installs).
-    assert "roles/shared/files/provisioner_status.py" in plays[0]["vars"]["_status"]["script"]
+    assert plays[0]["vars"]["_status"]["script"].endswith("/../roles/shared/files/provisioner_status.py")
 
 
 def test_the_shipped_script_exists():
@@ -195,21 +195,40 @@ def test_playbook_runs_the_script_and_drift_is_not_a_task_failure(local, monkeyp
     assert [s["name"] for s in result.value.hosts["box"].drifted] == ["tuned profile", "OMP_NUM_THREADS in a login shell of ml"]
 
 
-def test_playbook_refuses_a_host_without_expected_state(local, monkeypatch, tmp_path):
+def test_playbook_reports_a_script_that_stopped_without_a_result(local, monkeypatch):
     inv, with_script = local
-    (tmp_path / "expected").rmdir()
-    result = status_via_playbook(inv, with_script("{}", 0), monkeypatch)
-    assert result.exit_code == ExitCode.BAD_INPUT
-    assert f"no expected state at {tmp_path / 'expected'} on box" in result.errors[0]
-    assert "run provisioner up first" in result.errors[0]
-
-
-def test_playbook_reports_a_script_refusal_as_a_failure_naming_it(local, monkeypatch):
-    inv, with_script = local
-    extravars = with_script("", 2, "cannot read /etc/provisioner/expected/cpu_tuning.json: not JSON\n")
+    extravars = with_script("", 1, "Traceback (most recent call last):\nKeyError: 'probe'\n")
     result = status_via_playbook(inv, extravars, monkeypatch)
     assert result.exit_code == ExitCode.HOST_FAILED and result.value.hosts == {}
-    assert "cannot read /etc/provisioner/expected/cpu_tuning.json: not JSON" in result.errors[0]
+    assert "the status script stopped without a result (exit 1): KeyError: 'probe'" in result.errors[0]
+
+
+def real_script(tmp_path: Path, expected: dict | None) -> dict:
+    """The status script role shared ships, pointed at an expected directory under tmp_path."""
+    directory = tmp_path / "real-expected"
+    if expected is not None:
+        directory.mkdir()
+        (directory / "cpu_tuning.json").write_text(json.dumps(expected))
+    script = str(paths.ROLES / "shared" / "files" / "provisioner_status.py")
+    return {"_status": {"expected_dir": str(directory), "plan_file": str(tmp_path / "plan.json"), "script": script}}
+
+
+def test_the_real_script_refuses_a_host_never_provisioned(local, monkeypatch, tmp_path):
+    inv, _ = local
+    result = status_via_playbook(inv, real_script(tmp_path, None), monkeypatch)
+    assert result.exit_code == ExitCode.BAD_INPUT, result.errors
+    assert f"cannot read the expected state in {tmp_path / 'real-expected'}" in result.errors[0]
+    assert "provisioner up" in result.errors[0]
+
+
+def test_the_real_script_names_a_drifted_setting_with_both_values(local, monkeypatch, tmp_path):
+    """A sysctl the roles would persist, on this machine where no sysctl.d file sets it so."""
+    inv, _ = local
+    check = {"name": "a sysctl no file sets", "probe": "sysctl", "key": "vm.provisioner_test_unset", "expected": "10"}
+    result = status_via_playbook(inv, real_script(tmp_path, {"schema": 1, "role": "cpu_tuning", "checks": [check]}), monkeypatch)
+    assert result.exit_code == ExitCode.HOST_FAILED, result.errors
+    (setting,) = result.value.hosts["box"].drifted
+    assert setting["expected"] == "10" and setting["live"] and "vm.provisioner_test_unset" in setting["reason"], setting
 
 
 def test_playbook_works_in_check_mode(local, monkeypatch):
