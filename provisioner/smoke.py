@@ -457,6 +457,8 @@ def gemm_checks(raw: dict[str, Any], gemm: dict[str, Any]) -> list[Check]:
     fpc, _fpc_basis = fp64_flops_per_cycle(cpu.get("vendor", ""), cpu.get("family", 0), cpu.get("model", 0), cpu.get("flags", []))
     clocks = {side: _clock(raw, side) for side in ("one", "all")}
     kernels = ", ".join(f"{b.get('internal_api')} {b.get('architecture')}" for b in gemm.get("blas", [])) or "unknown BLAS"
+    verdict = gemm.get("kernel_check") or {}
+    wrong_kernel = verdict.get("detail", "the BLAS kernel is wrong for this CPU") if verdict.get("status") == "fail" else ""
     out = []
     for key, title in titles.items():
         fig = gemm.get(key, {}).get("gflops")
@@ -478,7 +480,12 @@ def gemm_checks(raw: dict[str, Any], gemm: dict[str, Any]) -> list[Check]:
         ratio = fig / limit
         status = grade(ratio, GEMM_GRADES)
         reason = f"{ratio:.0%} of peak"
-        if ratio > 1.05 and clock_name.startswith("counted"):
+        if wrong_kernel:
+            # A kernel below the CPU's vectors is a fault whatever the ratio: an SSE kernel can
+            # still reach half of a Zen 4 core's peak.
+            status = FAIL
+            reason += f"; {wrong_kernel}"
+        elif ratio > 1.05 and clock_name.startswith("counted"):
             reason += ": above the peak at the counted clock, so the FLOPs/cycle assumed for this CPU are too low"
         elif ratio > 1.05:
             reason += ": above the peak at the assumed clock, so the cores run faster than it (boost)"

@@ -86,6 +86,45 @@ def test_a_wrong_blas_kernel_fails_the_gemm_check(raw):
     assert by_id(smoke.evaluate(raw))["compute.dgemm_one"].status == smoke.WARN
 
 
+def test_the_doctors_kernel_verdict_fails_gemm_whatever_the_ratio(raw):
+    # An SSE kernel on a Zen 4 core can still reach about half of its peak: by ratio alone a
+    # warning; the doctor (the ML environment's kernel table) says the kernel is wrong.
+    raw["results"]["gemm"]["dgemm_one"]["gflops"] = 45.0
+    raw["results"]["gemm"]["blas"][0]["architecture"] = "Katmai"
+    assert by_id(smoke.evaluate(raw))["compute.dgemm_one"].status == smoke.WARN
+    raw["results"]["gemm"]["kernel_check"] = {
+        "name": "blas-kernel",
+        "status": "fail",
+        "detail": "numpy: openblas 0.3.30 runs the Katmai kernel on this AVX-512 CPU (expected cooperlake/sapphirerapids/skylakex)",
+    }
+    checks = by_id(smoke.evaluate(raw))
+    for key in ("dgemm_one", "dgemm_all", "sgemm_one", "sgemm_all"):
+        assert checks[f"compute.{key}"].status == smoke.FAIL, key
+        assert "Katmai kernel on this AVX-512 CPU" in checks[f"compute.{key}"].reason
+    raw["results"]["gemm"]["kernel_check"] = {"name": "blas-kernel", "status": "pass", "detail": "AVX-512 CPU: ..."}
+    assert by_id(smoke.evaluate(raw))["compute.dgemm_one"].status == smoke.WARN
+
+
+def test_the_smoke_script_asks_the_doctor_about_the_kernel(tmp_path, monkeypatch):
+    """The target script loads mlstack-doctor from the environment it runs in, and its verdict."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("provisioner_smoke", ROOT / "roles/smoke/files/provisioner_smoke.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script.sys, "prefix", str(tmp_path))
+    assert script.blas_kernel_verdict([]) is None  # no doctor here: a baseline environment
+    (tmp_path / "bin").mkdir()
+    shutil.copy(ROOT / "roles/mlstack/files/mlstack-doctor", tmp_path / "bin" / "mlstack-doctor")
+    info = [{"user_api": "blas", "internal_api": "openblas", "architecture": "Prescott", "filepath": "/x/libopenblas.so"}]
+    verdict = script.blas_kernel_verdict(info)
+    assert verdict["name"] == "blas-kernel"
+    flags = (Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]).split()
+    if "avx2" in flags or "avx512f" in flags:
+        assert verdict["status"] == "fail" and "Prescott kernel" in verdict["detail"], verdict
+
+
 def test_the_clock_measured_under_load_wins_over_nominal_ones(raw):
     raw["cpu"]["max_mhz"] = 5000.0
     assert smoke.clock_ghz(raw)[0] == pytest.approx(2.596122)

@@ -561,6 +561,26 @@ def _data(rows: int, cols: int, seed: int = 0):
     return x, (logit > 0).astype(np.float32)
 
 
+def blas_kernel_verdict(info: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """mlstack-doctor's verdict on the BLAS kernels for this CPU (its kernel table is the one
+    source), when the ML environment running this has the doctor; None elsewhere (a baseline)."""
+    import importlib.machinery
+    import importlib.util
+
+    path = os.path.join(sys.prefix, "bin", "mlstack-doctor")
+    if not os.path.isfile(path):
+        return None
+    loader = importlib.machinery.SourceFileLoader("mlstack_doctor", path)
+    spec = importlib.util.spec_from_loader("mlstack_doctor", loader)
+    if spec is None:
+        return None
+    doctor = importlib.util.module_from_spec(spec)
+    loader.exec_module(doctor)
+    with open(doctor.CPUINFO) as f:
+        isa = doctor.isa_level(doctor.read_cpuinfo(f.read())["flags"])
+    return doctor.check_blas_kernel(info, isa, dict(os.environ))
+
+
 def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     from threadpoolctl import threadpool_info
@@ -568,9 +588,11 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
     s = PROFILES[p["profile"]]
     n = s["gemm_n"]
     tuned = p["mode"] == "tuned"
+    info = threadpool_info()
     out: dict[str, Any] = {"n": n, "blas": [
         {k: i.get(k) for k in ("internal_api", "architecture", "num_threads", "version", "filepath")}
-        for i in threadpool_info() if i.get("user_api") == "blas"]}
+        for i in info if i.get("user_api") == "blas"]}
+    out["kernel_check"] = blas_kernel_verdict(info)
     for dtype in ("float64", "float32"):
         a = np.random.default_rng(1).standard_normal((n, n)).astype(dtype)
         b = np.random.default_rng(2).standard_normal((n, n)).astype(dtype)
