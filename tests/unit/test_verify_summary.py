@@ -42,6 +42,7 @@ def test_each_failure_of_a_role_gets_its_own_line():
 
 def render_to_text(result: VerifyResult, verbose: bool, monkeypatch) -> str:
     out = io.StringIO()
+    monkeypatch.delenv("COLUMNS", raising=False)  # as in a pipe or a CI log (pytest-xdist workers set it)
     monkeypatch.setattr(render, "console", render.make_console(file=out))
     render.verify_summary(result, verbose)
     return out.getvalue()
