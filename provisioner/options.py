@@ -11,10 +11,15 @@ import yaml
 from . import paths
 from .errors import BadInput
 
+# Roles whose options are arguments other roles pass on include, never a user's -e.
+INTERNAL_ROLES = frozenset({"shared"})
+
 
 def _documented() -> Iterator[tuple[str, str, dict[str, Any]]]:
     """(role, option, spec) for every option a role documents in meta/argument_specs.yml."""
     for spec in sorted(paths.ROLES.glob("*/meta/argument_specs.yml")):
+        if spec.parent.parent.name in INTERNAL_ROLES:
+            continue
         data = yaml.safe_load(spec.read_text()) or {}
         for entry in (data.get("argument_specs") or {}).values():
             for name, option in ((entry or {}).get("options") or {}).items():

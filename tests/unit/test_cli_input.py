@@ -86,6 +86,12 @@ def test_every_role_option_is_documented():
     assert {"common_ml_user", "common_packages"} <= set(known)
 
 
+def test_the_internal_roles_arguments_are_no_user_options():
+    assert "shared_role" not in options.known_options()
+    with pytest.raises(BadInput, match="unknown option 'shared_originals'"):
+        options.parse_extra_vars(["shared_originals={}"])
+
+
 def test_known_tags_cover_roles_and_phases():
     tags = engine.known_tags()
     assert {"common", "common_preflight", "common_install", "common_configure", "plan"} <= tags
