@@ -199,6 +199,19 @@ def test_mount_probe(tmp_path):
     assert status.parse_mountinfo(MOUNTINFO)[-1]["mountpoint"] == "/my data"
 
 
+def test_mount_uuid_wrong_is_drift_and_unreadable_is_no_evidence(tmp_path, monkeypatch):
+    write(tmp_path, "/proc/self/mountinfo", MOUNTINFO)
+    probes = status.Probes(str(tmp_path))
+    check = {"name": "m", "probe": "mount", "path": "/data", "fstype": "xfs", "uuid": "u-1", "expected": "xfs"}
+    monkeypatch.setattr(status, "device_uuid", lambda source: "u-2")
+    assert probes.measure(check)[1:] == ("drifted", "/data has UUID u-2, not u-1")
+    monkeypatch.setattr(status, "device_uuid", lambda source: "u-1")
+    assert probes.measure(check) == ("xfs UUID=u-1 (/dev/md127)", "ok", "")
+    monkeypatch.setattr(status, "device_uuid", lambda source: None)
+    live, state, reason = probes.measure(check)
+    assert state == "ok" and "cannot be read here" in reason
+
+
 def test_hugepages_probe(tmp_path):
     write(tmp_path, "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", "512\n")
     write(tmp_path, "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages", "0\n")

@@ -446,18 +446,19 @@ class Probes:
             return "not mounted", DRIFTED, f"nothing is mounted at {path}"
         top = mounts[-1]
         live = top["fstype"]
-        problems = []
+        problems, note = [], ""
         if check.get("fstype") and top["fstype"] != check["fstype"]:
             problems.append(f"{path} is {top['fstype']}, not {check['fstype']}")
         if check.get("uuid"):
             found = self._mount_uuid(top, check["uuid"])
             live += f" UUID={found}" if found else " UUID unknown"
-            if found != check["uuid"]:
-                problems.append(
-                    f"{path} has UUID {found}, not {check['uuid']}" if found else f"the UUID of {top['source']} cannot be read"
-                )
+            if found and found != check["uuid"]:
+                problems.append(f"{path} has UUID {found}, not {check['uuid']}")
+            elif not found:
+                # No udev links and no blkid here (a container): no evidence either way.
+                note = f"the UUID of {top['source']} cannot be read here: only the filesystem type was checked"
         live += f" ({top['source']})"
-        return (live, DRIFTED, "; ".join(problems)) if problems else (live, OK, "")
+        return (live, DRIFTED, "; ".join(problems)) if problems else (live, OK, note)
 
     def _mount_uuid(self, mount: dict[str, str], expected: str) -> str | None:
         # A mounted btrfs (one filesystem over several drives) is /sys/fs/btrfs/UUID.
