@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from provisioner.errors import ExitCode
 
@@ -319,3 +322,147 @@ def test_one_role_by_tag(provisioned):
     assert out["hosts"][provisioned["server"].name]["changed"] == 0
     assert {c["check"].split("[")[0] for c in out["verify"]["hosts"][provisioned["server"].name]} >= {
         "test_base_packages_installed", "test_applied_plan_recorded"}
+
+
+# ---------------------------------------------------------------- status and drift
+
+
+def timed_status(server, *args: str) -> tuple[int, dict, float]:
+    started = time.monotonic()
+    rc, data = cli_json("status", "-i", str(server.inventory), *args)
+    return rc, data, time.monotonic() - started
+
+
+def textfile_samples(server, name: str) -> dict[tuple[str, tuple], float]:
+    """A textfile of the host's node_exporter directory, parsed with prometheus-client's parser."""
+    r = ssh(server, f"cat /var/lib/prometheus/node-exporter/{name}")
+    assert r.returncode == 0, r.stderr
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.stdout)
+        for s in family.samples
+    }
+
+
+PROFILE_FILE = "/etc/profile.d/60-provisioner-threads.sh"
+SYSCTL_FILE = "/etc/sysctl.d/60-provisioner-cpu.conf"
+TUNED_DIR = "/etc/tuned/provisioner-ml"
+# Our own files, broken as a package update or a hand edit would: the login profile exports
+# 64 threads, swappiness 60 at boot, the tuned profile gone.
+BREAK = (
+    rf"sed -i -E 's/^: .\$\{{([A-Z_]+_NUM_THREADS):=[0-9]+\}}./\1=64/' {PROFILE_FILE}"
+    f" && sed -i -E 's/^vm[.]swappiness = .*/vm.swappiness = 60/' {SYSCTL_FILE}"
+    f" && rm -r {TUNED_DIR}"
+    f" && grep -q '^OMP_NUM_THREADS=64; export' {PROFILE_FILE} && grep -q '^vm.swappiness = 60$' {SYSCTL_FILE}"
+)
+
+
+@pytest.fixture(scope="module")
+def drift(provisioned):
+    """The converged server's status, then three settings broken by hand: status, the timer's
+    textfile, the repair by `up` with the two roles' tags, and status again. The server is
+    repaired whatever happens, for the tests after these."""
+    server = provisioned["server"]
+    inv = str(server.inventory)
+    out = {"clean": timed_status(server)}
+    assert ssh(server, BREAK).returncode == 0, "the three settings were not broken"
+    try:
+        out["drifted"] = timed_status(server)
+        # The table as a pipe gets it (a test runner's own COLUMNS would narrow it).
+        out["drifted_text"] = subprocess.run(
+            [str(BIN), "status", "-i", inv], capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "1000"}
+        )
+        started = ssh(server, "systemctl start provisioner-status.service")
+        out["timer"] = (started, textfile_samples(server, "provisioner_status.prom"))
+    finally:
+        out["repair"] = cli_json("up", "-i", inv, "--tags", "cpu_tuning,thread_env", *provisioned["offline"])
+    out["repaired"] = timed_status(server)
+    return out
+
+
+def test_status_of_a_converged_host_is_clean_and_fast(provisioned, drift):
+    host = provisioned["server"].name
+    rc, out, wall = drift["clean"]
+    assert rc == ExitCode.OK, out
+    settings = out["hosts"][host]["settings"]
+    assert [s for s in settings if s["state"] not in ("ok", "not applicable")] == []
+    assert {s["role"] for s in settings} >= {"cpu_tuning", "thread_env", "mlstack"}
+    names = {s["name"] for s in settings}
+    assert {"swappiness", "tuned profile", "OMP_NUM_THREADS in a login shell of ml", "OMP_NUM_THREADS in a service"} <= names
+    # A lab server is a container: the kernel knobs it cannot change are said so, each with why.
+    assert all(s["reason"] for s in settings if s["state"] == "not applicable"), settings
+    print(f"status on {host}: {wall:.1f} s wall, {out['run']['seconds']:.1f} s ansible, "
+          f"{out['hosts'][host]['seconds']:.1f} s the script")
+    # The goal is 5 s per host; the control node shares two cores with the lab server.
+    assert out["hosts"][host]["seconds"] < 5, out["hosts"][host]
+    assert wall < 30
+
+
+def by_name(out: dict, host: str) -> dict[str, dict]:
+    return {s["name"]: s for s in out["hosts"][host]["settings"]}
+
+
+def test_status_names_each_drifted_setting_with_both_values(provisioned, drift):
+    host = provisioned["server"].name
+    rc, out, _ = drift["drifted"]
+    assert rc == ExitCode.HOST_FAILED, out
+    settings = by_name(out, host)
+    threads = provisioned["second"][1]["plan"][host]["values"]["threads_per_job"]
+    login = settings["OMP_NUM_THREADS in a login shell of ml"]
+    assert (login["state"], login["expected"], login["live"]) == ("drifted", str(threads), "64"), login
+    assert settings["OMP_NUM_THREADS in a service"]["state"] == "ok", "the service's threads come from another file"
+    swappiness = settings["swappiness"]
+    assert swappiness["state"] == "drifted" and swappiness["expected"] != "60" and "60" in str(swappiness["live"]), swappiness
+    tuned = settings["tuned profile"]
+    assert tuned["state"] == "drifted" and tuned["expected"] == "provisioner-ml" and TUNED_DIR in tuned["reason"], tuned
+    in_order = out["hosts"][host]["settings"]
+    drifted = [s["name"] for s in in_order if s["state"] == "drifted"]
+    assert [s["name"] for s in in_order[: len(drifted)]] == drifted, "drifted settings come first"
+    assert {"swappiness", "tuned profile", "OMP_NUM_THREADS in a login shell of ml"} <= set(drifted)
+    # The table says the same, and the note names the run that repairs it.
+    text = drift["drifted_text"]
+    assert text.returncode == ExitCode.HOST_FAILED
+    row = next((ln for ln in text.stdout.splitlines() if "OMP_NUM_THREADS in a login shell" in ln), text.stdout)
+    assert f" {threads} " in row and " 64 " in row and "drifted" in row, row
+    # The doctor sees the login shell's 64 threads too: mlstack is named with the two roles.
+    assert f"repair with: provisioner up --limit {host} --tags cpu_tuning,mlstack,thread_env" in text.stdout
+    assert settings["ML stack doctor"]["state"] == "drifted" and "OMP_NUM_THREADS=64" in settings["ML stack doctor"]["reason"]
+
+
+def test_the_timers_metrics_show_the_drift(provisioned, drift):
+    started, samples = drift["timer"]
+    assert started.returncode == 0, started.stderr
+
+    def drifted(role: str, setting: str) -> float:
+        return samples[("provisioner_setting_drifted", (("role", role), ("setting", setting)))]
+    assert drifted("thread_env", "OMP_NUM_THREADS in a login shell of ml") == 1
+    assert drifted("cpu_tuning", "swappiness") == 1
+    assert drifted("cpu_tuning", "tuned profile") == 1
+    assert drifted("thread_env", "OMP_NUM_THREADS in a service") == 0
+    assert samples[("provisioner_settings_drifted", ())] >= 3
+    assert time.time() - samples[("provisioner_status_last_run_timestamp_seconds", ())] < 600
+    threads = provisioned["second"][1]["plan"][provisioned["server"].name]["values"]["threads_per_job"]
+    assert samples[("provisioner_plan_value", (("key", "threads_per_job"),))] == threads
+
+
+def test_up_repairs_the_drift_and_status_is_clean_again(provisioned, drift):
+    host = provisioned["server"].name
+    rc, out = drift["repair"]
+    assert rc == ExitCode.OK, out
+    assert out["hosts"][host]["changed"] > 0 and out["smoke"] is None
+    rc, out, _ = drift["repaired"]
+    assert rc == ExitCode.OK, out
+    assert by_name(out, host)["tuned profile"]["state"] == "ok"
+
+
+def test_the_smoke_figures_reach_node_exporter(provisioned, drift):
+    """`up` ended with the smoke test: its figures were copied to the textfile directory, and
+    node_exporter serves them with both textfiles' mtimes."""
+    samples = textfile_samples(provisioned["server"], "provisioner_smoke.prom")
+    # The last smoke run was the regression test's (DGEMM only): its status is there.
+    assert any(k[0] == "provisioner_smoke_status" and ("check", "compute.dgemm_one") in k[1] for k in samples), samples
+    assert samples[("provisioner_smoke_last_run_timestamp_seconds", ())] > 0
+    r = ssh(provisioned["server"], "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())\"")
+    assert r.returncode == 0, r.stderr
+    served = {s.name for f in text_string_to_metric_families(r.stdout) for s in f.samples}
+    assert {"provisioner_smoke_figure", "provisioner_setting_drifted", "node_textfile_mtime_seconds"} <= served
