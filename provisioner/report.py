@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jinja2
 
+from .metrics import FIGURE, LIMIT, RATIO, STATUS
 from .smoke import HostReport, number
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -47,7 +48,7 @@ def before_after(before: float | None, after: float | None, gain: float | None, 
 
 def render_html(reports: list[HostReport]) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined)
-    env.globals.update(ratio_bar=ratio_bar, before_after=before_after, colors=COLORS)
+    env.globals.update(ratio_bar=ratio_bar, before_after=before_after, colors=COLORS, metrics=(FIGURE, LIMIT, RATIO, STATUS))
     env.filters["num"] = number
     return env.get_template("report.html.j2").render(
         reports=[r.to_dict() for r in reports],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -383,6 +384,20 @@ def test_html_report_is_self_contained_with_charts(raw, tuned):
         ET.fromstring(svg.replace('role="img"', ""))  # well-formed SVG
     assert "DGEMM, all cores" in text and "before" in text
     assert text.count("<h2") == 2
+
+
+def test_html_report_names_each_figures_prometheus_series(tuned):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from provisioner import metrics
+
+    result = smoke.evaluate(tuned)
+    text = report.render_html([result])
+    assert all(name in text for name in (metrics.FIGURE, metrics.LIMIT, metrics.RATIO, metrics.STATUS))
+    families = text_string_to_metric_families(metrics.smoke_text(result))
+    exported = {s.labels["check"] for f in families for s in f.samples if "check" in s.labels}
+    shown = set(re.findall(r'check=&#34;([^&]+)&#34;|check="([^"]+)"', text))
+    assert exported and exported <= {a or b for a, b in shown}
 
 
 def test_report_escapes_what_hosts_report(raw):
