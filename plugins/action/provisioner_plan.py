@@ -62,6 +62,15 @@ options:
     description: Drives to use instead of every unused NVMe drive (still refused when in use).
     type: list
     elements: str
+  plan_serving_workers:
+    description: Model-server workers; null derives them from the physical cores.
+    type: int
+  plan_serving_threads_per_worker:
+    description: Threads per model-server worker; null derives them from the physical cores.
+    type: int
+  plan_serving_memory_share:
+    description: Share of the RAM after hugepages for the model server, split over its workers.
+    type: float
 author:
   - provisioner contributors
 """

@@ -44,3 +44,10 @@ HUGETLBFS_REFUSED = SYSTEM_DIRECTORIES + ("/dev/hugepages",)
 
 # ... nor the ML environment, which also keeps out of the shared software trees.
 VENV_REFUSED = SYSTEM_DIRECTORIES + ("/usr/local", "/opt", "/srv")
+
+# Serving (roles/serving, the plan's serving section): the share of RAM (after hugepages) the
+# model server may use by default and at most, and what one worker costs before any model is
+# loaded (Python, numpy, the GBDT libraries and the HTTP stack).
+SERVING_MEMORY_SHARE = 0.5
+MAX_SERVING_MEMORY_SHARE = 0.9
+SERVING_WORKER_OVERHEAD_BYTES = 512 * 1024**2

@@ -75,6 +75,8 @@ ansible_facts:
           C(sources) (where each part came from) and C(warnings) (what could not be read).
         - C(cpu.caches) holds C(l1d_kb) and C(l2_kb) per core, C(l3_kb) per L3 instance (CCD or socket),
           C(l3_instances) and C(l3_total_kb) over all sockets.
+        - C(cpu.core_cpus) lists the logical CPUs of each physical core (SMT siblings together), or is
+          null when sysfs shows no sibling lists.
       type: dict
       returned: always
       sample:
@@ -259,6 +261,7 @@ def parse_topology(root="/"):
             if to_int(os.path.basename(p)[3:]) is not None
         )
     packages, cores = set(), set()
+    sibling_lists = set()
     for cpu in online:
         topo = "%s/cpu%d/topology" % (base, cpu)
         package = read_line(root, topo + "/physical_package_id")
@@ -268,6 +271,7 @@ def parse_topology(root="/"):
         packages.add(package)
         if siblings is not None:
             cores.add(tuple(parse_cpu_list(siblings)))
+            sibling_lists.add(tuple(c for c in parse_cpu_list(siblings) if c in online))
         else:
             cores.add((package, read_line(root, topo + "/die_id"), read_line(root, topo + "/core_id")))
     return {
@@ -275,6 +279,9 @@ def parse_topology(root="/"):
         "sockets": len(packages - {None}) or None,
         "cores": len(cores) or None,
         "online": online,
+        # The logical CPUs of each physical core, in core order (None when sysfs has no
+        # sibling lists): the serving plan slices workers by these.
+        "core_cpus": sorted(list(c) for c in sibling_lists if c) or None,
     }
 
 
@@ -375,6 +382,7 @@ def gather_cpu(root="/", warnings=None):
         "threads_per_core": threads_per_core,
         "numa_nodes": count_numa_nodes(root),
         "affinity_cpus": affinity,
+        "core_cpus": topo["core_cpus"] if topo["core_cpus"] and len(topo["core_cpus"]) == cores else None,
         "isa": isa_from_flags(flags),
         "flags": flags,
         "caches": parse_caches(root),

@@ -352,6 +352,10 @@ def test_gather_on_a_fake_tree(fake_root):
     assert cpu["caches"] == {"l1d_kb": 48, "l2_kb": 2048, "l3_kb": 61440, "l3_instances": 2, "l3_total_kb": 122880}
     assert cpu["max_mhz"] == 4100.0
     assert cpu["affinity_cpus"] is None  # not this machine's
+    # Each physical core with its SMT sibling, in core order: the serving plan slices by these.
+    assert len(cpu["core_cpus"]) == cpu["cores"]
+    assert sorted(c for core in cpu["core_cpus"] for c in core) == list(range(cpu["threads"]))
+    assert all(len(core) == 2 for core in cpu["core_cpus"])
 
     memory = facts["memory"]
     assert memory["total_bytes"] == 528125000 * 1024

@@ -87,7 +87,7 @@ def test_every_setting_has_a_reason(facts):
 def test_to_dict_round_trip(facts):
     plan = derive_plan(facts, PlanOptions())
     data = plan.to_dict()
-    assert set(data) == {"settings", "values", "storage", "warnings"}
+    assert set(data) == {"settings", "values", "storage", "serving", "warnings"}
     assert data["values"] == {s["key"]: s["value"] for s in data["settings"]}
     assert all(set(s) == {"key", "value", "reason"} for s in data["settings"])
     json.dumps(data)  # JSON-clean: it travels as an Ansible fact
