@@ -26,6 +26,8 @@ app = typer.Typer(
 )
 lab_app = typer.Typer(help="Disposable Debian 12 servers on this machine, for trying and testing.", no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
+serve_app = typer.Typer(help="The model server (role serving): its workers, and new model versions.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
 
 Inventory = Annotated[
     Path | None, typer.Option("-i", "--inventory", help="Ansible inventory file or directory (default: this machine)")
@@ -337,6 +339,47 @@ def lab_down(name: Annotated[str, typer.Argument(help="Server name.")], json: Js
 def lab_list(json: Json = False) -> None:
     """List lab servers."""
     _finish("lab list", json, lambda _: commands.lab_list(), render.lab_servers)
+
+
+@serve_app.command("status")
+def serve_status(
+    inventory: Inventory = None, limit: Limit = None, json: Json = False, accept_new_host_keys: AcceptNew = False
+) -> None:
+    """Per host and worker: unit state, CPU slice, threads, model versions, cache and requests/s.
+
+    Changes nothing; requests/s are counted over one second from each worker's own metrics. Exit code 1 when a worker is not active, not answering or not ready; 2 where no model server is deployed.
+    """
+    _finish(
+        "serve status",
+        json,
+        lambda _: commands.serve_status(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
+        render.serve_status,
+    )
+
+
+@serve_app.command("load")
+def serve_load(
+    model: Annotated[str, typer.Argument(help="NAME/VERSION of the model version to add, e.g. fraud/7.")],
+    source: Annotated[Path, typer.Option("--from", help="Directory on this machine holding metadata.json and the model file.")],
+    inventory: Inventory = None,
+    limit: Limit = None,
+    json: Json = False,
+    accept_new_host_keys: AcceptNew = False,
+) -> None:
+    """Add a model version to the registry and roll it in worker by worker, without dropping requests.
+
+    The server's own check runs first: a corrupt model or a registry over the memory budget is
+    refused, the version removed again, and the versions already serving keep serving.
+    """
+    _finish(
+        "serve load",
+        json,
+        lambda progress: commands.serve_load(
+            inventory, model, source, limit=limit, accept_new_host_keys=accept_new_host_keys, on_progress=progress
+        ),
+        render.run_summary,
+        progress=True,
+    )
 
 
 def main() -> None:

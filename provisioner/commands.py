@@ -8,13 +8,15 @@ before it has anything to show (bad input, a problem on the control node) are ra
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import engine
-from .errors import ExitCode
+from .errors import BadInput, ExitCode
 from .reboot import RebootDecision, decide
 from .result import Result, first_failure
 from .runs import ProgressCallback, RunResult
@@ -356,6 +358,81 @@ def bundle(
         **indexes,
     )
     return Result("bundle", built, messages=(f"install offline with: provisioner up -e mlstack_wheelhouse={built.path}",))
+
+
+# ---------------------------------------------------------------- serving
+
+SERVING_FACT = "provisioner_serving"
+SERVING_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass
+class ServeStatus:
+    """Each host's model-server workers, as playbooks/serve_status.yml read them."""
+
+    run: RunResult
+    hosts: dict[str, dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run.to_dict(), "hosts": self.hosts}
+
+
+def serve_status(inventory: Path | None, **run_options: Any) -> Result[ServeStatus]:
+    """Per host: worker units, CPU slices, threads, loaded versions, cache and requests/s
+    (read-only); a worker that does not answer or is not active makes the exit code 1."""
+    run = engine.run_playbook("serve_status.yml", engine.resolve_inventory(inventory), **run_options)
+    hosts = {h: f[SERVING_FACT] for h, f in sorted(run.facts.items()) if f.get(SERVING_FACT)}
+    down = [
+        f"{host}: worker {w['index']} is {w.get('active')}"
+        + ("" if w.get("answering") else f", not answering ({w.get('error')})")
+        for host, data in hosts.items()
+        for w in data.get("workers", [])
+        if w.get("active") != "active" or not w.get("answering") or not w.get("ready")
+    ]
+    code = first_failure((run.exit_code, ExitCode.HOST_FAILED if down else ExitCode.OK))
+    return Result("serve status", ServeStatus(run, hosts), code, tuple(down), tuple(run.errors))
+
+
+def parse_model_version(value: str) -> tuple[str, str]:
+    """'NAME/VERSION' -> (name, version); refused (exit 2) unless both are registry names."""
+    name, _, version = value.partition("/")
+    if not (SERVING_NAME.match(name) and SERVING_NAME.match(version)):
+        raise BadInput(f"model {value!r} is not NAME/VERSION: both parts 1-64 letters, digits, '.', '_' or '-' (e.g. fraud/7)")
+    return name, version
+
+
+def check_model_dir(source: Path) -> dict[str, Any]:
+    """A model version directory on the control node: metadata.json naming a file that exists."""
+    meta_path = source / "metadata.json"
+    if not source.is_dir():
+        raise BadInput(f"--from {source}: no such directory; give the directory holding metadata.json and the model file")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"--from {source}: no metadata.json there (framework, file, features)") from None
+    except ValueError as exc:
+        raise BadInput(f"{meta_path}: not JSON ({exc})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("file"), str) or not isinstance(meta.get("features"), list):
+        raise BadInput(f"{meta_path}: needs 'framework', 'file' and 'features' (a list of names)")
+    if not (source / meta["file"]).is_file():
+        raise BadInput(f"{meta_path} names the model file {meta['file']!r}, which is not in {source}")
+    return meta
+
+
+def serve_load(inventory: Path | None, model: str, source: Path, **run_options: Any) -> Result[RunResult]:
+    """Add NAME/VERSION from a directory on the control node to every host's registry and roll
+    it in worker by worker (playbooks/serve_load.yml): each worker restarts only when the one
+    before it is ready again, so requests keep being answered. A version the server's own
+    check refuses (corrupt file, over the memory budget) is removed again and nothing restarts."""
+    name, version = parse_model_version(model)
+    check_model_dir(source)
+    run = engine.run_playbook(
+        "serve_load.yml",
+        engine.resolve_inventory(inventory),
+        extravars={"serving_load": {"name": name, "version": version, "src": str(source.resolve())}},
+        **run_options,
+    )
+    return Result("serve load", run, run.exit_code, (), tuple(run.errors))
 
 
 # ---------------------------------------------------------------- lab servers

@@ -330,6 +330,45 @@ def status(result: StatusRun) -> None:
         console.print(table)
 
 
+def serve_status(result: Any) -> None:
+    """One table per host: each model-server worker's unit, slice, models, cache and load."""
+    if result.run.exit_code != 0:
+        run_summary(result.run)
+    for host, data in result.hosts.items():
+        workers = data.get("workers", [])
+        table = Table(
+            title=f"{host}: model server on {data.get('listen')} ({len(workers)} workers, "
+            f"{data.get('requests_per_s', 0):g} requests/s)",
+            title_justify="left",
+        )
+        for col in ("worker", "unit", "cpus", "threads", "loaded versions", "cache", "requests/s", "errors/s", "restarts"):
+            table.add_column(col, overflow="fold")
+        for w in workers:
+            healthy = w.get("active") == "active" and w.get("answering") and w.get("ready")
+            state = f"{w.get('active')}" + ("" if w.get("answering") else " (not answering)")
+            if w.get("answering") and not w.get("ready"):
+                state += " (not ready)"
+            cache = "-"
+            if w.get("cache_bytes") is not None:
+                cache = f"{_mib(w.get('cache_bytes'))} of {_mib(w.get('cache_budget_bytes'))}"
+            table.add_row(
+                str(w.get("index")),
+                Text(state, style="green" if healthy else "red"),
+                ",".join(str(c) for c in w.get("cpus") or []) or "all",
+                str(w.get("threads")),
+                Text(" ".join(w.get("loaded_versions") or []) or "-"),
+                cache,
+                _shown(w.get("requests_per_s")),
+                _shown(w.get("errors_per_s")),
+                _shown(w.get("restarts")),
+            )
+        console.print(table)
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{int(value) / 2**20:.0f} MiB"
+
+
 def _shown(value: Any) -> str:
     return "-" if value is None else value if isinstance(value, str) else json.dumps(value)
 
