@@ -429,7 +429,7 @@ def serve_load(inventory: Path | None, model: str, source: Path, **run_options: 
     run = engine.run_playbook(
         "serve_load.yml",
         engine.resolve_inventory(inventory),
-        extravars={"serving_load": {"name": name, "version": version, "src": str(source.resolve())}},
+        extravars={"serving_load_name": name, "serving_load_version": version, "serving_load_src": str(source.resolve())},
         **run_options,
     )
     return Result("serve load", run, run.exit_code, (), tuple(run.errors))
