@@ -107,7 +107,9 @@ def load_config(path: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BadInput(f"{path}: the serving config must be a JSON object")
     if doc.get("schema") != 1:
-        raise BadInput(f"{path}: schema {doc.get('schema')!r} is not 1, the one this server reads; update the server with the role")
+        raise BadInput(
+            f"{path}: schema {doc.get('schema')!r} is not 1, the one this server reads; update the server with the role"
+        )
     for key in ("registry", "listen"):
         if not isinstance(doc.get(key), str) or not doc[key]:
             raise BadInput(f"{path}: {key} must be a non-empty string")
@@ -137,7 +139,9 @@ def load_config(path: str) -> dict[str, Any]:
         if not isinstance(models, list):
             raise BadInput(f'{path}: models must be "all" or a list of {{name, version}}, not {models!r}')
         for entry in models:
-            if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) and NAME_RE.match(entry[k]) for k in ("name", "version")):
+            if not isinstance(entry, dict) or not all(
+                isinstance(entry.get(k), str) and NAME_RE.match(entry[k]) for k in ("name", "version")
+            ):
                 raise BadInput(f"{path}: models entry {entry!r} needs a name and a version of [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
     return doc
 
@@ -196,7 +200,9 @@ class Registry:
         return [(name, version) for name in self.names() for version in self.versions(name)]
 
     def has(self, name: str, version: str) -> bool:
-        return bool(NAME_RE.match(name) and NAME_RE.match(version)) and os.path.isfile(self.root / name / version / "metadata.json")
+        return bool(NAME_RE.match(name) and NAME_RE.match(version)) and os.path.isfile(
+            self.root / name / version / "metadata.json"
+        )
 
     def metadata(self, name: str, version: str) -> Metadata:
         directory = self.root / name / version
@@ -306,7 +312,9 @@ def _load_sklearn(meta: Metadata, threads: int) -> tuple[Predict, int | None]:
     estimator = joblib.load(meta.file)
     if meta.task == "classification":
         if not hasattr(estimator, "predict_proba"):
-            raise ModelError(f"{meta.file}: task classification needs an estimator with predict_proba, {type(estimator).__name__} has none")
+            raise ModelError(
+                f"{meta.file}: task classification needs an estimator with predict_proba, {type(estimator).__name__} has none"
+            )
         call = estimator.predict_proba
     elif hasattr(estimator, "predict"):
         call = estimator.predict
@@ -376,7 +384,7 @@ class Model:
             raise ValueError(f"the model returned shape {out.shape} for {rows.shape[0]} rows")
         if out.dtype.kind != "f":
             out = out.astype(self.np.float64)
-        return out.tolist()  # type: ignore[no-any-return]
+        return out.tolist()
 
     def values(self, mapping: dict[str, Any], where: str = "") -> list[Any]:
         """One row by feature name, in the model's order; 422 naming what is wrong."""
@@ -472,6 +480,26 @@ def over_budget_message(models: list[Model], budget: int) -> str:
     )
 
 
+@contextlib.contextmanager
+def quiet_output() -> Iterator[None]:
+    """Keep the frameworks' native messages (LightGBM's [Fatal] lines...) off stdout and stderr."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
 def check(config: dict[str, Any]) -> int:
     """--check: load every listed version once here, compare the total with the budget."""
     registry = Registry(config["registry"])
@@ -480,15 +508,20 @@ def check(config: dict[str, Any]) -> int:
     models = []
     for name, version in listed_versions(config, registry):
         if not registry.has(name, version):
-            raise BadInput(f"listed version {name}/{version} is not in the registry ({registry.root / name / version}/metadata.json missing)")
+            raise BadInput(
+                f"listed version {name}/{version} is not in the registry ({registry.root / name / version}/metadata.json missing)"
+            )
         try:
-            models.append(load_model(registry, name, version, 1))
+            with quiet_output():
+                models.append(load_model(registry, name, version, 1))
         except ModelError as exc:
             raise BadInput(str(exc)) from None
     total = sum(m.bytes for m in models)
     if total > config["cache_budget_bytes"]:
         raise BadInput(over_budget_message(models, config["cache_budget_bytes"]))
-    print(json.dumps({"models": [{"name": m.name, "version": m.version, "bytes": m.bytes} for m in models], "total_bytes": total}))
+    print(
+        json.dumps({"models": [{"name": m.name, "version": m.version, "bytes": m.bytes} for m in models], "total_bytes": total})
+    )
     return 0
 
 
@@ -507,21 +540,35 @@ class Metrics:
         w = str(worker)
         reg = self.registry
         self._requests = prom.Counter(
-            "provisioner_serving_requests_total", "Predict requests by model, version and status code.",
-            ["worker", "model", "version", "code"], registry=reg,
+            "provisioner_serving_requests_total",
+            "Predict requests by model, version and status code.",
+            ["worker", "model", "version", "code"],
+            registry=reg,
         )
         self._duration = prom.Histogram(
-            "provisioner_serving_request_duration_seconds", "Predict request duration, body read to response built.",
-            ["worker", "model", "version"], buckets=LATENCY_BUCKETS, registry=reg,
+            "provisioner_serving_request_duration_seconds",
+            "Predict request duration, body read to response built.",
+            ["worker", "model", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
         )
-        self.loaded = prom.Gauge("provisioner_serving_loaded_versions", "Model versions in the cache.", ["worker"], registry=reg).labels(w)
-        self.cache = prom.Gauge("provisioner_serving_cache_bytes", "Bytes of the model versions in the cache.", ["worker"], registry=reg).labels(w)
+        self.loaded = prom.Gauge(
+            "provisioner_serving_loaded_versions", "Model versions in the cache.", ["worker"], registry=reg
+        ).labels(w)
+        self.cache = prom.Gauge(
+            "provisioner_serving_cache_bytes", "Bytes of the model versions in the cache.", ["worker"], registry=reg
+        ).labels(w)
         budget_gauge = prom.Gauge("provisioner_serving_cache_budget_bytes", "The cache's byte budget.", ["worker"], registry=reg)
         budget_gauge.labels(w).set(budget)
         self.evictions = prom.Counter(
-            "provisioner_serving_cache_evictions_total", "Versions evicted from the cache (least recently used).", ["worker"], registry=reg
+            "provisioner_serving_cache_evictions_total",
+            "Versions evicted from the cache (least recently used).",
+            ["worker"],
+            registry=reg,
         ).labels(w)
-        self._loads = prom.Counter("provisioner_serving_model_loads_total", "Model version loads by result.", ["worker", "result"], registry=reg)
+        self._loads = prom.Counter(
+            "provisioner_serving_model_loads_total", "Model version loads by result.", ["worker", "result"], registry=reg
+        )
         self.loads_ok = self._loads.labels(w, "ok")
         self.loads_error = self._loads.labels(w, "error")
         self.worker = w
@@ -542,7 +589,7 @@ class Metrics:
             hist.observe(seconds)
 
     def text(self) -> bytes:
-        return self.prom.generate_latest(self.registry)  # type: ignore[no-any-return]
+        return self.prom.generate_latest(self.registry)
 
 
 class Cache:
@@ -658,7 +705,9 @@ class Worker:
             self.metrics.loads_ok.inc()
             evicted = self.cache.put(model)
             if evicted:
-                log(f"worker {self.index}: evicted {', '.join(f'{m.name}/{m.version}' for m in evicted)} to load {name}/{version}")
+                log(
+                    f"worker {self.index}: evicted {', '.join(f'{m.name}/{m.version}' for m in evicted)} to load {name}/{version}"
+                )
                 del evicted
                 release_memory()
         self._locks.pop(key, None)
@@ -685,7 +734,7 @@ class Worker:
                 raise RequestError(400, f"Content-Length {length!r} is not a number") from None
             if size > self.max_body:
                 raise RequestError(413, f"body of {size} bytes is above max_body_bytes {self.max_body}")
-            return await request.body()  # type: ignore[no-any-return]
+            return await request.body()
         chunks = []
         total = 0
         async for chunk in request.stream():
@@ -740,7 +789,9 @@ class Worker:
     def batch_rows(self, model: Model, doc: Any) -> list[list[Any]]:
         rows = doc.get("rows") if type(doc) is dict else None
         if type(rows) is not list or len(doc) != 1:
-            raise RequestError(422, 'the body must be {"rows": [[numbers in feature order], ...]} or {"rows": [{"name": number}, ...]}')
+            raise RequestError(
+                422, 'the body must be {"rows": [[numbers in feature order], ...]} or {"rows": [{"name": number}, ...]}'
+            )
         if not rows:
             raise RequestError(422, "rows is empty")
         if len(rows) > self.max_rows:
@@ -759,7 +810,10 @@ class Worker:
         for i, row in enumerate(rows):
             if type(row) is not list or len(row) != n:
                 got = f"{len(row)} values" if type(row) is list else type(row).__name__
-                raise RequestError(422, f"row {i}: {got}, but {model.name}/{model.version} takes {n} features in order: {_some(model.features, 5)}")
+                raise RequestError(
+                    422,
+                    f"row {i}: {got}, but {model.name}/{model.version} takes {n} features in order: {_some(model.features, 5)}",
+                )
             if not _NUMBERS.issuperset(map(type, row)):
                 bad = [f"{model.features[j]}={v!r}" for j, v in enumerate(row) if type(v) not in _NUMBERS]
                 raise RequestError(422, f"row {i}: non-numeric features: {_some(bad)} (numbers only)")
@@ -796,8 +850,17 @@ class Worker:
             entries.append(entry)
         for (name, version), loaded in self.cache.entries.items():
             if (name, version) not in seen:  # removed from disk, still served from the cache
-                entries.append({"name": name, "version": version, "framework": loaded.framework, "features": loaded.n,
-                                "loaded": True, "bytes": loaded.bytes, "listed": (name, version) in self.listed})
+                entries.append(
+                    {
+                        "name": name,
+                        "version": version,
+                        "framework": loaded.framework,
+                        "features": loaded.n,
+                        "loaded": True,
+                        "bytes": loaded.bytes,
+                        "listed": (name, version) in self.listed,
+                    }
+                )
         return {
             "worker": self.index,
             "threads": self.threads,
@@ -810,8 +873,12 @@ class Worker:
     async def metrics_endpoint(self, request: Any) -> Any:
         from starlette.responses import Response
 
-        return Response(self.metrics.text(), 200, headers=self._close_headers if self.draining else None,
-                        media_type=self.metrics.prom.CONTENT_TYPE_LATEST)
+        return Response(
+            self.metrics.text(),
+            200,
+            headers=self._close_headers if self.draining else None,
+            media_type=self.metrics.prom.CONTENT_TYPE_LATEST,
+        )
 
     async def not_found(self, request: Any, exc: Any) -> Any:
         status = getattr(exc, "status_code", 404)
@@ -893,8 +960,14 @@ def bind(host: str, port: int, reuseport: bool, what: str) -> socket.socket:
         sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
-        hint = " (a process that does not share it with SO_REUSEPORT holds it)" if reuseport else " (is this worker already running?)"
-        raise BadInput(f"cannot listen on {host}:{port} for the {what}: {exc.strerror}{hint if exc.errno == 98 else ''}") from None
+        hint = (
+            " (a process that does not share it with SO_REUSEPORT holds it)"
+            if reuseport
+            else " (is this worker already running?)"
+        )
+        raise BadInput(
+            f"cannot listen on {host}:{port} for the {what}: {exc.strerror}{hint if exc.errno == 98 else ''}"
+        ) from None
     sock.setblocking(False)
     return sock
 
@@ -916,7 +989,7 @@ def sd_notify(message: str) -> None:
 def _uvicorn_server(app: Any) -> Any:
     import uvicorn
 
-    class Server(uvicorn.Server):  # type: ignore[misc]
+    class Server(uvicorn.Server):
         """uvicorn without its own signal handling: the worker drains itself."""
 
         @contextlib.contextmanager
@@ -962,7 +1035,8 @@ async def run_worker(config: dict[str, Any], index: int, config_path: str) -> in
     del models
     if serving_sock is None:
         serving_sock = bind(config["listen"], config["port"], True, "serving socket")
-    where = "%s:%d" % serving_sock.getsockname()[:2]
+    host, port = serving_sock.getsockname()[:2]
+    where = f"{host}:{port}"
     serving = _uvicorn_server(app)
     serving_task = asyncio.create_task(serving.serve(sockets=[serving_sock]))
     while not serving.started:
@@ -1014,11 +1088,18 @@ def main(argv: list[str] | None = None) -> int:
         spec = config["workers"][args.worker]
         set_threads(spec["threads"])  # before numpy or any framework starts its thread pools
         set_affinity(spec["cpus"])
-        for module, package in (("numpy", "numpy"), ("starlette", "starlette"), ("uvicorn", "uvicorn"), ("prometheus_client", "prometheus-client")):
+        for module, package in (
+            ("numpy", "numpy"),
+            ("starlette", "starlette"),
+            ("uvicorn", "uvicorn"),
+            ("prometheus_client", "prometheus-client"),
+        ):
             try:
                 __import__(module)
             except ImportError:
-                raise BadInput(f"the ML environment lacks {package}, which the server needs: add the mlstack component serving") from None
+                raise BadInput(
+                    f"the ML environment lacks {package}, which the server needs: add the mlstack component serving"
+                ) from None
         try:
             import uvloop
 
