@@ -7,9 +7,11 @@ and turns connection failures into one-line errors that name the fix.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +35,20 @@ INPUT_CHECK_VAR = "provisioner_input_check"
 
 # Tags every playbook accepts without a role declaring them.
 _BUILTIN_TAGS = {"all", "always", "never", "tagged", "untagged"}
+
+# SSH connection reuse: one master connection per host for every playbook a command runs,
+# kept this long after its last use, and closed (`ssh -O exit`) when the command ends.
+CONTROL_PERSIST_SECONDS = 120
+# A Unix socket's path holds at most 108 bytes (sun_path); ssh adds a 17-character suffix to
+# the path while it sets the master up, and %C expands to 40 hex digits.
+_SOCKET_PATH_MAX = 104 - 17 - 1 - 40
+
+# Forks: one per host, bounded by the control node's memory. Each fork is a copy of
+# ansible-playbook (AWX sizes its capacity the same way: 100 MiB per fork once 2 GiB are kept
+# back for the rest of the machine); PROVISIONER_FORKS overrides.
+FORK_MEMORY_BYTES = 100 * 2**20
+RESERVED_MEMORY_BYTES = 2 * 2**30
+FORKS_ENV = "PROVISIONER_FORKS"
 
 
 # ---------------------------------------------------------------- validation
@@ -158,8 +174,90 @@ def ensure_tools_on_path() -> None:
         )
 
 
-def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
+def forks_for(hosts: int, available_memory: int | None = None, override: str | None = None) -> int:
+    """Parallel hosts for a run: every host at once, as far as the control node's memory
+    allows; `override` (PROVISIONER_FORKS) wins, a positive whole number or refused."""
+    if override is not None and override.strip():
+        if not override.strip().isdigit() or int(override) < 1:
+            raise BadInput(f"{FORKS_ENV}={override!r} is not a positive whole number: set it to 1 or more, or unset it")
+        return int(override)
+    if available_memory is None:
+        import psutil
+
+        available_memory = int(psutil.virtual_memory().available)
+    bound = max(1, (available_memory - RESERVED_MEMORY_BYTES) // FORK_MEMORY_BYTES)
+    return max(1, min(hosts, bound))
+
+
+class _Multiplexer:
+    """The private directory of this command's SSH master sockets, under the state directory
+    (one per process, so one command's cleanup never closes another's connections)."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+
+    def directory(self) -> Path:
+        if self.path is None:
+            base = paths.state_dir() / "ssh"
+            if len(str(base)) + 12 > _SOCKET_PATH_MAX:
+                # A state directory too deep for a socket path: a private one under /tmp instead.
+                base = Path(tempfile.gettempdir()) / f"provisioner-ssh-{os.geteuid()}"
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _prune_dead(base)
+            self.path = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base))
+            atexit.register(self.close)
+        return self.path
+
+    def close(self) -> None:
+        """End every master this command started, then remove its directory."""
+        if self.path is None:
+            return
+        close_masters(self.path)
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.path = None
+
+
+def close_masters(directory: Path) -> None:
+    for sock in directory.iterdir() if directory.is_dir() else ():
+        if sock.is_socket():
+            # The host name is not needed: the socket is named by ControlPath.
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "provisioner-master"],
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+        sock.unlink(missing_ok=True)
+
+
+def _prune_dead(base: Path) -> None:
+    """Directories left by a command that was killed before it could close its masters."""
+    for d in base.iterdir():
+        pid = d.name.split("-", 1)[0]
+        if d.is_dir() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            close_masters(d)
+            shutil.rmtree(d, ignore_errors=True)
+
+
+_MUX = _Multiplexer()
+
+
+def close_connections() -> None:
+    """Close this command's SSH masters now (also done when the process exits)."""
+    _MUX.close()
+
+
+def _ssh_args(accept_new_host_keys: bool) -> str:
     strict = "accept-new" if accept_new_host_keys else "yes"
+    # Options given first win in ssh: these hold whatever an inventory adds later (a lab
+    # server's inventory says ControlMaster=no for the plain ssh command it also serves).
+    return (
+        f"-o StrictHostKeyChecking={strict} -o ControlMaster=auto -o ControlPersist={CONTROL_PERSIST_SECONDS}s"
+        f" -o ControlPath={_MUX.directory()}/%C"
+    )
+
+
+def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
     return {
         **_inventory_env(),
         "ANSIBLE_ROLES_PATH": str(paths.ROLES),
@@ -169,9 +267,7 @@ def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
         "ANSIBLE_ACTION_PLUGINS": str(paths.PLUGINS / "action"),
         "ANSIBLE_FILTER_PLUGINS": str(paths.PLUGINS / "filter"),
         "ANSIBLE_HOST_KEY_CHECKING": "True",
-        # Options given first win in ssh: these hold whatever an inventory adds later.
-        # No ControlPersist: nothing is left running after the command ends.
-        "ANSIBLE_SSH_ARGS": f"-o StrictHostKeyChecking={strict} -o ControlMaster=no -o ControlPath=none",
+        "ANSIBLE_SSH_ARGS": _ssh_args(accept_new_host_keys),
         "ANSIBLE_PIPELINING": "True",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         "ANSIBLE_FORCE_COLOR": "False",
@@ -194,12 +290,16 @@ def run_playbook(
     verbosity: int = 0,
     accept_new_host_keys: bool = False,
     on_progress: ProgressCallback | None = None,
+    forks: int | None = None,
 ) -> RunResult:
-    """Run playbooks/<playbook> and return per-host results; raise BadInput for bad input."""
+    """Run playbooks/<playbook> and return per-host results; raise BadInput for bad input.
+    `forks` defaults to forks_for(the inventory's hosts)."""
     import ansible_runner
 
     check_tags(tags, skip_tags)
     hostvars = inventory_hosts(inventory)  # refuse a malformed inventory before any host is touched
+    if forks is None:
+        forks = forks_for(len(hostvars), override=os.environ.get(FORKS_ENV))
     book = paths.PLAYBOOKS / playbook
     if not book.exists():
         raise ProvisionerError(f"playbook {book} is missing: reinstall provisioner")
@@ -229,6 +329,7 @@ def run_playbook(
             extravars=extravars or {},
             cmdline=cmdline.strip() or None,
             envvars=_run_env(accept_new_host_keys),
+            forks=forks,
             event_handler=collector.handle,
             quiet=True,
             # Rotated below, not by ansible-runner: its rotation races with another run's

@@ -1,0 +1,109 @@
+"""The no-op re-run of site.yml on one converged lab server, task by task.
+
+    .venv/bin/python benchmarks/noop_rerun.py [--server NAME] [--runs 3] [--keep]
+
+Boots a lab server (or takes the one named with --server, already up), converges it once with
+`provisioner up --no-verify --no-smoke` from the wheelhouse, then re-runs the same command
+--runs times with Ansible's profile_tasks callback. Prints the wall time of the command (median
+and range), the seconds ansible-playbook itself took, the task count (ok / skipped / changed)
+and the ten slowest tasks of the median run as profile_tasks measured them.
+
+Figures, never pass/fail: the lab server shares this machine's cores, so medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from provisioner import bundle, lab
+
+# The CLI of the provisioner package this interpreter imports (PYTHONPATH picks another tree).
+CLI = [sys.executable, "-c", "from provisioner.cli import main; main()"]
+# profile_tasks' summary line: "role : Task name --------- 1.23s"
+SUMMARY_LINE = re.compile(r"^(?P<task>.+?) -{3,} (?P<seconds>\d+\.\d+)s$")
+
+
+def up(inventory: str, offline: tuple[str, ...], profile: bool) -> tuple[float, dict]:
+    env = dict(os.environ)
+    if profile:
+        env |= {
+            "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+            "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all",
+            "PROFILE_TASKS_SUMMARY_ONLY": "true",
+        }
+    started = time.monotonic()
+    r = subprocess.run(
+        [*CLI, "up", "-i", inventory, "--no-verify", "--no-smoke", *offline, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    seconds = time.monotonic() - started
+    if r.returncode != 0:
+        sys.exit(f"provisioner up failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+    return seconds, json.loads(r.stdout)["data"]
+
+
+def profile(artifact_dir: Path) -> list[tuple[str, float]]:
+    """The tasks and their seconds, slowest first, from profile_tasks' summary."""
+    text = (artifact_dir / "stdout").read_text()
+    tail = text.rsplit("PLAY RECAP", 1)[-1]
+    found = [(m["task"].strip(), float(m["seconds"])) for m in map(SUMMARY_LINE.match, tail.splitlines()) if m]
+    if not found:
+        sys.exit(f"no profile_tasks summary in {artifact_dir / 'stdout'}: is ansible.posix installed?")
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", help="an existing lab server (converged here first); default: a new one")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="leave the new lab server up")
+    args = parser.parse_args()
+    name = args.server or "pv-bench-noop"
+    made = not args.server
+    try:
+        server = lab.up(name)
+        wheelhouse = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt"]).path
+        offline = ("-e", f"mlstack_wheelhouse={wheelhouse}")
+        inv = str(server.inventory)
+        converge, _ = up(inv, offline, profile=False)
+        runs = []
+        for _ in range(args.runs):
+            seconds, out = up(inv, offline, profile=True)
+            host = out["hosts"][name]
+            if host["changed"]:
+                sys.exit(f"the re-run changed {host['changed']} task(s) on a converged server: {out['changes']}")
+            runs.append((seconds, out["seconds"], host, Path(out["artifact_dir"])))
+    finally:
+        if made and not args.keep:
+            lab.down(name)
+    runs.sort(key=lambda r: r[0])
+    walls = [r[0] for r in runs]
+    _, ansible_seconds, host, artifacts = runs[len(runs) // 2]
+    tasks = profile(artifacts)
+    print(f"converge (first run or already converged): {converge:.1f} s")
+    print(
+        f"no-op re-run of site.yml on {name}, median of {len(walls)}: {statistics.median(walls):.1f} s wall "
+        f"(min {min(walls):.1f}, max {max(walls):.1f}); ansible-playbook {ansible_seconds:.1f} s of the median run"
+    )
+    print(
+        f"tasks: {host['ok'] + host['skipped'] + host['changed']} "
+        f"(ok {host['ok']}, skipped {host['skipped']}, changed {host['changed']}); "
+        f"profile_tasks summed {sum(s for _, s in tasks):.1f} s over {len(tasks)} tasks"
+    )
+    print("top ten tasks (profile_tasks, median run):")
+    for task, seconds in tasks[:10]:
+        print(f"  {seconds:6.2f} s  {task}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Forks sized from the inventory and memory; SSH masters in a private, short directory that the
+command closes when it ends."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provisioner import engine
+from provisioner.errors import BadInput
+
+GIB = 2**30
+
+
+def test_forks_are_one_per_host_within_the_memory_bound():
+    assert engine.forks_for(1, available_memory=16 * GIB) == 1
+    assert engine.forks_for(50, available_memory=16 * GIB) == 50
+    # 4 GiB free, 2 GiB kept back, 100 MiB a fork: 20 at once.
+    assert engine.forks_for(1000, available_memory=4 * GIB) == 20
+    assert engine.forks_for(8, available_memory=GIB) == 1, "short of memory: one host at a time, never none"
+
+
+def test_forks_override_wins_and_bad_values_are_refused():
+    assert engine.forks_for(1000, available_memory=4 * GIB, override="3") == 3
+    assert engine.forks_for(2, available_memory=4 * GIB, override="") == 2
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(BadInput, match="PROVISIONER_FORKS"):
+            engine.forks_for(2, override=bad)
+
+
+def test_ssh_args_reuse_one_master_per_host_in_a_short_private_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", "/var/tmp/pv")
+    mux = engine._Multiplexer()
+    monkeypatch.setattr(engine, "_MUX", mux)
+    try:
+        env = engine._run_env(accept_new_host_keys=False)
+        args = env["ANSIBLE_SSH_ARGS"]
+        assert args.startswith("-o StrictHostKeyChecking=yes -o ControlMaster=auto -o ControlPersist=")
+        assert env["ANSIBLE_PIPELINING"] == "True"
+        path = args.split("ControlPath=", 1)[1]
+        assert path.startswith(f"/var/tmp/pv/ssh/{os.getpid()}-") and path.endswith("/%C")
+        # %C is 40 hex digits; ssh adds 17 characters while it binds the master's socket.
+        assert len(path) - 2 + 40 + 17 < 104
+        assert mux.directory().stat().st_mode & 0o077 == 0
+        assert engine._run_env(accept_new_host_keys=True)["ANSIBLE_SSH_ARGS"].split("ControlPath=")[1] == path
+    finally:
+        mux.close()
+    assert not Path(path).parent.exists()
+
+
+def test_a_deep_state_directory_puts_the_sockets_under_tmp(monkeypatch):
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", "/var/tmp/" + "d" * 80)
+    mux = engine._Multiplexer()
+    try:
+        assert str(mux.directory()).startswith(f"/tmp/provisioner-ssh-{os.geteuid()}/")
+    finally:
+        mux.close()
+
+
+def test_closing_removes_the_sockets_and_a_dead_commands_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(Path("/var/tmp") / f"pv-{os.getpid()}"))
+    base = Path(os.environ["PROVISIONER_STATE_DIR"]) / "ssh"
+    base.mkdir(parents=True, exist_ok=True)
+    # A command that was killed: its pid is gone, its socket left behind.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = base / f"{gone.stdout.strip()}-x"
+    dead.mkdir()
+    left = socket.socket(socket.AF_UNIX)
+    left.bind(str(dead / "c0ffee"))
+    left.close()
+    mux = engine._Multiplexer()
+    try:
+        mine = mux.directory()
+        assert not dead.exists(), "a dead command's sockets are removed by the next command"
+        live = socket.socket(socket.AF_UNIX)
+        live.bind(str(mine / "beef"))
+        live.close()
+    finally:
+        mux.close()
+    assert not mine.exists()
+    base.rmdir()
+    base.parent.rmdir()
