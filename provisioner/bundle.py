@@ -398,7 +398,8 @@ def render_lock(lock: Lock) -> str:
         f"# per component, for CPython {lock.python_version} on Linux {lock.arch} with glibc {lock.glibc} or newer\n"
         f"# (manylinux_{lock.glibc.replace('.', '_')} and older wheels).\n"
         "# Generated from `requirements` below by pip's resolver; do not edit the pins by hand.\n"
-        "# To change a component, edit its requirements here and regenerate:\n"
+        "# To change a component, edit its requirements here and regenerate (the existing pins are\n"
+        "# kept; add --upgrade to pin everything afresh):\n"
         "#   .venv/bin/provisioner bundle --update-lock\n"
         "# then rebuild wheelhouses (provisioner bundle).\n"
     )
@@ -556,10 +557,14 @@ def generate_lock(
     extra_index_urls: Sequence[str] = (),
     torch_index_url: str | None = None,
     timeout: float = 1800,
+    upgrade: bool = False,
 ) -> Lock:
     """Resolve REQUIREMENTS (component -> requirement strings; default: the existing lock's,
     else DEFAULT_REQUIREMENTS) together with pip's resolver for the target, then write each
     component's pinned closure to OUTPUT (None: don't write).
+
+    The existing lock's pins are kept as constraints, so adding a requirement pins only what
+    it brings (as pip-tools keeps pins); `upgrade` resolves every package afresh.
 
     pip evaluates environment markers for the Python running it, so run this with the target's
     Python version (3.11 for Debian 12).
@@ -570,9 +575,10 @@ def generate_lock(
             f"generate the lock for Python {python_version} with Python {python_version} (this is {running}): "
             "pip evaluates markers for the running interpreter"
         )
+    existing = Path(output) if output else None
+    previous = load_lock(existing) if existing and existing.exists() else None
     if requirements is None:
-        existing = Path(output) if output else None
-        requirements = load_lock(existing).requirements if existing and existing.exists() else DEFAULT_REQUIREMENTS
+        requirements = previous.requirements if previous else DEFAULT_REQUIREMENTS
     wanted = {k: list(v) for k, v in requirements.items()}
     select_components(wanted, known=list(dict.fromkeys([*COMPONENTS, *wanted])))
     plats = manylinux_platforms(glibc, arch)
@@ -581,6 +587,11 @@ def generate_lock(
     with tempfile.TemporaryDirectory(prefix="mlstack-lock-") as tmp:
         req_file = Path(tmp) / "requirements.txt"
         req_file.write_text("".join(f"{r}\n" for r in all_reqs))
+        constraints: list[str] = []
+        if previous and not upgrade:
+            kept = Path(tmp) / "constraints.txt"
+            kept.write_text("".join(f"{pin}\n" for pin in constraint_lines(previous)))
+            constraints = ["--constraint", str(kept)]
         report_file = Path(tmp) / "report.json"
         r = _run_pip(
             [
@@ -596,6 +607,7 @@ def generate_lock(
                 *_index_args(index_url, extra),
                 "-r",
                 str(req_file),
+                *constraints,
             ],
             "resolve the lock",
             timeout,
@@ -617,6 +629,11 @@ def generate_lock(
         tmp_out.write_text(render_lock(lock))
         os.replace(tmp_out, out)
     return lock
+
+
+def constraint_lines(lock: Lock) -> list[str]:
+    """Every pin of the lock once, as pip constraints (NAME==VERSION)."""
+    return sorted({f"{pin.name}=={pin.version}" for pins in lock.components.values() for pin in pins})
 
 
 def default_wheelhouse() -> Path:

@@ -292,6 +292,10 @@ def bundle(
         bool,
         typer.Option("--update-lock", help="Resolve the lock's requirements again and rewrite the lock, instead of building."),
     ] = False,
+    upgrade: Annotated[
+        bool,
+        typer.Option("--upgrade", help="With --update-lock: pin every package afresh (default: keep the existing pins)."),
+    ] = False,
     json: Json = False,
 ) -> None:
     """Build a wheelhouse of the pinned ML stack for offline installs (mlstack_wheelhouse=DIR)."""
@@ -302,6 +306,7 @@ def bundle(
             dest,
             component or [],
             update_lock=update_lock,
+            upgrade=upgrade,
             lock=lock,
             python_version=python_version,
             glibc=glibc,

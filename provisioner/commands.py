@@ -331,6 +331,7 @@ def bundle(
     components: Sequence[str],
     *,
     update_lock: bool = False,
+    upgrade: bool = False,
     lock: Path | None = None,
     python_version: str | None = None,
     glibc: str | None = None,
@@ -346,7 +347,9 @@ def bundle(
     python = python_version or bundles.DEFAULT_PYTHON
     if update_lock:
         path = lock or bundles.DEFAULT_LOCK
-        resolved = bundles.generate_lock(path, python_version=python, glibc=glibc or bundles.DEFAULT_GLIBC, **indexes)
+        resolved = bundles.generate_lock(
+            path, python_version=python, glibc=glibc or bundles.DEFAULT_GLIBC, upgrade=upgrade, **indexes
+        )
         counts = {c: len(p) for c, p in resolved.components.items()}
         return Result("bundle", LockUpdate(path, counts), messages=("rebuild the wheelhouses from it: provisioner bundle",))
     built = bundles.build_wheelhouse(

@@ -499,3 +499,30 @@ def test_role_pip_options_offline_online_and_torch(tmp_path):
     no_torch = role_values(tmp_path, names)
     assert "https://download.pytorch.org/whl/cpu" not in no_torch["_mlstack_pip_args"]
     assert no_torch["_mlstack_components"] == ["core", "gbdt"]
+
+
+def test_constraints_name_every_pin_once():
+    assert bundle.constraint_lines(lock()) == [
+        "numpy==2.4.6",
+        "scikit-learn==1.9.1",
+        "torch==2.13.0+cpu",
+        "typing-extensions==4.16.0",
+    ]
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the lock is resolved with the targets' Python 3.11")
+def test_adding_a_requirement_keeps_the_existing_pins_unless_upgrade(tmp_path):
+    """A real resolve against the package index: an old pin stays, a new requirement is pinned,
+    and --upgrade moves the old pin to the newest release."""
+    path = tmp_path / "mlstack.lock"
+    path.write_text(
+        "schema: 1\npython_version: '3.11'\nglibc: '2.28'\narch: x86_64\n"
+        "requirements:\n  core: [six, idna]\ncomponents:\n  core: [six==1.15.0]\n"
+    )
+    kept = bundle.generate_lock(path, timeout=300)
+    assert Pin("six", "1.15.0") in kept.components["core"]
+    assert any(p.name == "idna" for p in kept.components["core"])
+    assert bundle.load_lock(path).components == kept.components
+    upgraded = bundle.generate_lock(path, timeout=300, upgrade=True)
+    six = next(p for p in upgraded.components["core"] if p.name == "six")
+    assert six.version != "1.15.0"
