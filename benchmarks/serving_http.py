@@ -1,0 +1,296 @@
+"""The model server over HTTP on this machine, tuned against the naive baseline; prints medians.
+
+    flock /tmp/provisioner-heavy.lock .venv/bin/python benchmarks/serving_http.py [--runs 3] [--duration 5]
+
+Trains a 200-tree XGBoost model on 28 features, puts it in a throwaway registry, and drives
+with wrk (Debian's package; a POST Lua script, one wrk thread) at 1, 8 and 32 connections:
+
+- tuned: roles/serving/files/provisioner_serve.py as 2 workers x 1 thread, each pinned to
+  its CPU, sharing one loopback port with SO_REUSEPORT (what the serving role deploys, bar
+  systemd);
+- baseline: one uvicorn process with the libraries' default threads (a FastAPI endpoint
+  with a pydantic body, run in Starlette's thread pool, XGBoost with its default nthread).
+
+Prints requests/s, p50/p99 and errors per level (medians over --runs), and the in-process
+single-row predict rate (XGBoost's inplace_predict, and the server's predict call) on one
+thread: the rate x cores is what the trees alone would allow. Figures, never pass/fail: the
+machine is shared and noisy. --python runs the servers in another environment (the ML venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = ROOT / "roles" / "serving" / "files" / "provisioner_serve.py"
+LEVELS = (1, 8, 32)
+FEATURES = [f"f{i}" for i in range(28)]
+
+TRAIN = """
+import json, sys
+import numpy as np, xgboost as xgb
+out = sys.argv[1]
+rng = np.random.default_rng(0)
+x = rng.normal(size=(20000, 28)).astype(np.float32)
+y = (x[:, 0] * x[:, 1] + np.sin(x[:, 2]) + x[:, 3:8].sum(axis=1) > 0).astype(np.float32)
+booster = xgb.train({"objective": "binary:logistic", "max_depth": 6, "eta": 0.1, "nthread": 2}, xgb.DMatrix(x, label=y), 200)
+booster.save_model(out + "/model.ubj")
+json.dump({"framework": "xgboost", "file": "model.ubj", "features": [f"f{i}" for i in range(28)],
+           "task": "classification"}, open(out + "/metadata.json", "w"))
+"""
+
+IN_PROCESS = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[2])
+import numpy as np, xgboost as xgb
+import provisioner_serve as ps
+booster = xgb.Booster(model_file=sys.argv[1] + "/model.ubj")
+booster.set_param({"nthread": 1})
+row = np.random.default_rng(1).normal(size=(1, 28)).astype(np.float32)
+meta = ps.Metadata("m", "1", ps.Path(sys.argv[1]), json.load(open(sys.argv[1] + "/metadata.json")))
+server_predict, _ = ps._load_xgboost(meta, 1)
+def rate(f, seconds=2.0):
+    for _ in range(200):
+        f(row)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(100):
+            f(row)
+        n += 100
+    return n / (time.perf_counter() - start)
+print(json.dumps({"inplace_predict": rate(lambda r: booster.inplace_predict(r)), "server_predict": rate(server_predict)}))
+"""
+
+BASELINE_APP = """
+import numpy as np
+import xgboost as xgb
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+app = FastAPI()
+booster = xgb.Booster(model_file=MODEL)
+FEATURES = [f"f{i}" for i in range(28)]
+
+
+class Row(BaseModel):
+    features: dict[str, float]
+
+
+@app.post("/v1/models/higgs/1/predict")
+def predict(row: Row) -> dict:
+    x = np.array([[row.features[f] for f in FEATURES]], dtype=np.float32)
+    return {"model": "higgs", "version": "1", "prediction": float(booster.inplace_predict(x)[0])}
+"""
+
+LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{body}'
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('RESULT {{"requests": %d, "duration_us": %d, "p50_us": %d, "p99_us": %d, ' ..
+    '"connect": %d, "read": %d, "write": %d, "status": %d, "timeout": %d}}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect, e.read, e.write, e.status, e.timeout))
+end
+"""
+
+
+def free_base(count: int) -> int:
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        try:
+            held = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    sys.exit("no free loopback ports")
+
+
+def wait_http(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                sys.exit(f"a server exited ({p.returncode}) before it answered {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    sys.exit(f"{url} did not answer in {timeout:.0f}s")
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def wrk(url: str, script: Path, connections: int, seconds: int) -> dict[str, float]:
+    r = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "5s", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if r.returncode != 0 or line is None:
+        sys.exit(f"wrk failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
+    doc = json.loads(line[len("RESULT ") :])
+    errors = doc["connect"] + doc["read"] + doc["write"] + doc["status"] + doc["timeout"]
+    return {
+        "rps": doc["requests"] / (doc["duration_us"] / 1e6),
+        "p50_ms": doc["p50_us"] / 1000,
+        "p99_ms": doc["p99_us"] / 1000,
+        "errors": errors,
+    }
+
+
+def measure(name: str, url: str, script: Path, runs: int, seconds: int) -> dict[int, dict[str, float]]:
+    wrk(url, script, 8, 1)  # warm the connections and caches
+    out = {}
+    for c in LEVELS:
+        samples = [wrk(url, script, c, seconds) for _ in range(runs)]
+        out[c] = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+        print(
+            f"  {name:9s} c={c:<3d} {out[c]['rps']:8.0f} req/s  p50 {out[c]['p50_ms']:6.2f} ms  "
+            f"p99 {out[c]['p99_ms']:6.2f} ms  errors {out[c]['errors']:.0f}",
+            flush=True,
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="wrk runs per level (medians printed)")
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
+    parser.add_argument("--python", default=sys.executable, help="the Python the servers run in")
+    parser.add_argument("--skip-baseline", action="store_true")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed: apt-get install -y wrk")
+    cpus = sorted(os.sched_getaffinity(0))
+    top = Path(tempfile.mkdtemp(prefix="pv-serving-bench-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        version = top / "models" / "higgs" / "1"
+        version.mkdir(parents=True)
+        subprocess.run([args.python, "-c", TRAIN, str(version)], check=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID")}
+        one = subprocess.run(
+            [args.python, "-c", IN_PROCESS, str(version), str(SERVER.parent)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**env, "OMP_NUM_THREADS": "1"},
+        )
+        rates = json.loads(one.stdout)
+        body = json.dumps({"features": {f: round(0.1 * (i % 7) - 0.3, 3) for i, f in enumerate(FEATURES)}})
+        script = top / "post.lua"
+        script.write_text(LUA.format(body=body))
+        print(
+            f"model: XGBoost, 200 trees (depth 6), 28 features; {len(cpus)} CPUs; wrk -t1, {args.duration}s x {args.runs} per level"
+        )
+        print(
+            f"in-process single-row predict, 1 thread: inplace_predict {rates['inplace_predict']:.0f}/s, "
+            f"the server's predict call {rates['server_predict']:.0f}/s"
+        )
+
+        base = free_base(3)
+        config = {
+            "schema": 1,
+            "registry": str(top / "models"),
+            "listen": "127.0.0.1",
+            "port": base,
+            "admin_port_base": base + 1,
+            "workers": [{"index": i, "cpus": [cpus[i % len(cpus)]], "threads": 1} for i in range(2)],
+            "cache_budget_bytes": 1 << 30,
+            "models": "all",
+            "max_body_bytes": 1 << 20,
+            "max_batch_rows": 10000,
+            "warmup_requests": 20,
+        }
+        (top / "serving.json").write_text(json.dumps(config))
+        procs = [
+            subprocess.Popen([args.python, str(SERVER), "--config", str(top / "serving.json"), "--worker", str(i)], env=env)
+            for i in range(2)
+        ]
+        for i in range(2):
+            wait_http(f"http://127.0.0.1:{base + 1 + i}/readyz", procs)
+        tuned = measure("tuned", f"http://127.0.0.1:{base}/v1/models/higgs/1/predict", script, args.runs, args.duration)
+        stop(procs)
+
+        baseline = None
+        if not args.skip_baseline:
+            (top / "app.py").write_text(f"MODEL = {str(version / 'model.ubj')!r}\n" + textwrap.dedent(BASELINE_APP))
+            port = free_base(1)
+            plain = {k: v for k, v in env.items() if not k.endswith("_NUM_THREADS")}
+            procs = [
+                subprocess.Popen(
+                    [
+                        args.python,
+                        "-m",
+                        "uvicorn",
+                        "app:app",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--log-level",
+                        "warning",
+                        "--no-access-log",
+                    ],
+                    cwd=top,
+                    env=plain,
+                )
+            ]
+            wait_http(f"http://127.0.0.1:{port}/docs", procs)
+            baseline = measure("baseline", f"http://127.0.0.1:{port}/v1/models/higgs/1/predict", script, args.runs, args.duration)
+            stop(procs)
+
+        t8 = tuned[8]
+        print(
+            f"tuned at 8 connections: {t8['rps']:.0f} req/s, p99 {t8['p99_ms']:.2f} ms "
+            f"(goal >= 1000 req/s, p99 < 20 ms); {t8['rps'] / (rates['inplace_predict'] * len(cpus)):.2f} of the "
+            f"in-process inplace_predict rate x {len(cpus)} cores"
+        )
+        if baseline:
+            print(f"tuned / baseline requests/s at 8 connections: {t8['rps'] / baseline[8]['rps']:.2f}x")
+    finally:
+        stop(procs)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
