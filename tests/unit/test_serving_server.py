@@ -180,7 +180,14 @@ def call(
 class Server:
     """One worker subprocess: started, waited for, stopped with SIGTERM."""
 
-    def __init__(self, config_path: Path, config: dict[str, Any], index: int = 0, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config_path: Path,
+        config: dict[str, Any],
+        index: int = 0,
+        env: dict[str, str] | None = None,
+        inherit: socket.socket | None = None,
+    ) -> None:
         self.config = config
         self.index = index
         self.port = config["port"]
@@ -188,12 +195,18 @@ class Server:
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open for the life of the server)
         full_env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID")}
         full_env.update(env or {})
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER), "--config", str(config_path), "--worker", str(index)],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-        )
+        command = [sys.executable, str(SERVER), "--config", str(config_path), "--worker", str(index)]
+        fds: tuple[int, ...] = ()
+        if inherit is not None:
+            # what systemd does for a socket unit's service: the socket as fd 3, LISTEN_PID/LISTEN_FDS
+            fd = inherit.fileno()
+            fds = (fd,)
+            wrapper = (
+                f"import os, sys; os.dup2({fd}, 3); os.close({fd}); "
+                "os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS='1'); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+            )
+            command = [sys.executable, "-c", wrapper, *command[1:]]
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, pass_fds=fds)
 
     def output(self) -> str:
         self.log.seek(0)
@@ -649,6 +662,67 @@ def test_catboost_and_torchscript_load_where_installed_and_are_refused_naming_th
 # Two workers on one port, SIGTERM drain
 
 
+class Load:
+    """Client threads sending one predict after another until stopped (bounded: 60 s).
+
+    A thread given a connection keeps it alive (http.client reconnects after a response
+    with Connection: close); a thread given None opens a new connection per request.
+    """
+
+    def __init__(
+        self, port: int, path: str, body: dict[str, Any], want: float, conns: list[http.client.HTTPConnection | None]
+    ) -> None:
+        self.port, self.path, self.want = port, path, want
+        self.body = json.dumps(body).encode()
+        self.stop = threading.Event()
+        self.marks: list[str] = []
+        self.results: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.run, args=(c,)) for c in conns]
+        for t in self.threads:
+            t.start()
+
+    def mark(self, name: str) -> None:
+        self.marks.append(name)
+
+    def run(self, conn: http.client.HTTPConnection | None) -> None:
+        ok, closes, errors = 0, 0, []
+        by_mark: dict[str, int] = {}
+        deadline = time.monotonic() + 60
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            c = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            headers = (
+                {"Content-Type": "application/json"} if conn else {"Content-Type": "application/json", "Connection": "close"}
+            )
+            try:
+                c.request("POST", self.path, body=self.body, headers=headers)
+                response = c.getresponse()
+                doc = json.loads(response.read())
+                if response.status != 200 or doc.get("prediction") != self.want:
+                    errors.append(f"{response.status} {doc}")
+                else:
+                    ok += 1
+                    if self.marks:
+                        by_mark[self.marks[-1]] = by_mark.get(self.marks[-1], 0) + 1
+                if (response.getheader("connection") or "").lower() == "close":
+                    closes += 1  # a kept connection reconnects on the next request
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(repr(exc))
+                c.close()
+            if conn is None:
+                c.close()
+        if conn is not None:
+            conn.close()
+        with self.lock:
+            self.results.append({"ok": ok, "closes": closes, "errors": errors, "by_mark": by_mark})
+
+    def finish(self) -> list[dict[str, Any]]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+        return self.results
+
+
 def test_two_workers_share_the_port_and_one_drains_under_keep_alive_load_losing_nothing(tmp_path: Path) -> None:
     registry = tmp_path / "models"
     booster = xgb_model(registry, "reg", "1")
@@ -674,49 +748,20 @@ def test_two_workers_share_the_port_and_one_drains_under_keep_alive_load_losing_
         assert all(len(c) == 3 for c in per_worker.values()), "SO_REUSEPORT spread no connections to one worker"
 
         r = row(6, 5)
-        want = float(booster.inplace_predict(as_array(r))[0])
-        body = json.dumps({"features": r}).encode()
-        stop = threading.Event()
-        stopped_at: list[float] = []
-        results: list[dict[str, Any]] = []
-        lock = threading.Lock()
-
-        def load(conn: http.client.HTTPConnection) -> None:
-            ok = closes = after_stop = 0
-            errors: list[str] = []
-            deadline = time.monotonic() + 60
-            while not stop.is_set() and time.monotonic() < deadline:
-                try:
-                    conn.request("POST", "/v1/models/reg/1/predict", body=body, headers={"Content-Type": "application/json"})
-                    response = conn.getresponse()
-                    doc = json.loads(response.read())
-                    if response.status != 200 or doc.get("prediction") != want:
-                        errors.append(f"{response.status} {doc}")
-                    else:
-                        ok += 1
-                        if stopped_at:
-                            after_stop += 1
-                    if (response.getheader("connection") or "").lower() == "close":
-                        closes += 1  # http.client reconnects on the next request
-                except (OSError, http.client.HTTPException) as exc:
-                    errors.append(repr(exc))
-                    conn.close()
-            conn.close()
-            with lock:
-                results.append({"ok": ok, "closes": closes, "errors": errors, "after_stop": after_stop})
-
-        threads = [threading.Thread(target=load, args=(c,)) for conns in per_worker.values() for c in conns]
-        for t in threads:
-            t.start()
+        load = Load(
+            port,
+            "/v1/models/reg/1/predict",
+            {"features": r},
+            float(booster.inplace_predict(as_array(r))[0]),
+            [c for conns in per_worker.values() for c in conns],
+        )
         time.sleep(0.5)
         served_by_0 = servers[0].metric("provisioner_serving_requests_total", model="reg", version="1", code="200")
         servers[0].proc.send_signal(signal.SIGTERM)
         rc = servers[0].proc.wait(timeout=30)
-        stopped_at.append(time.monotonic())
+        load.mark("stopped")
         time.sleep(0.5)  # the load goes on against the remaining worker
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
+        results = load.finish()
         assert rc == 0, servers[0].output()
         assert "drained" in servers[0].output()
         assert served_by_0 > 0
@@ -724,11 +769,68 @@ def test_two_workers_share_the_port_and_one_drains_under_keep_alive_load_losing_
         assert len(results) == 6
         # the three connections on the stopped worker were told to close, and went on elsewhere
         assert sum(res["closes"] for res in results) >= 3
-        assert all(res["after_stop"] > 0 for res in results)
+        assert all(res["by_mark"].get("stopped", 0) > 0 for res in results)
         assert servers[1].proc.poll() is None
     finally:
         for s in servers:
             s.stop()
+
+
+def test_socket_activation_workers_share_the_inherited_socket_and_a_rolling_restart_drops_nothing(tmp_path: Path) -> None:
+    registry = tmp_path / "models"
+    booster = xgb_model(registry, "reg", "1")
+    config_path = tmp_path / "serving.json"
+    config = write_config(config_path, registry, "all", workers=2)
+    # the socket unit's socket: one accept queue, no SO_REUSEPORT, so a worker binding the
+    # port itself would fail; answering proves it serves the inherited one
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(512)
+    port = listener.getsockname()[1]
+    config["port"] = port
+    config_path.write_text(json.dumps(config))
+    servers = [Server(config_path, config, i, inherit=listener) for i in range(2)]
+    load = None
+    try:
+        for s in servers:
+            s.wait_ready()
+        seen = {call(port, "GET", "/healthz")[1]["worker"] for _ in range(40)}
+        r = row(6, 6)
+        # two kept-alive connections and two opening a connection per request
+        conns: list[http.client.HTTPConnection | None] = [
+            http.client.HTTPConnection("127.0.0.1", port, timeout=30) for _ in range(2)
+        ]
+        load = Load(
+            port,
+            "/v1/models/reg/1/predict",
+            {"features": r},
+            float(booster.inplace_predict(as_array(r))[0]),
+            [*conns, None, None],
+        )
+        for index in range(2):  # restart worker by worker, as serve load does
+            time.sleep(0.3)
+            servers[index].proc.send_signal(signal.SIGTERM)
+            assert servers[index].proc.wait(timeout=30) == 0, servers[index].output()
+            load.mark(f"stopped {index}")
+            servers[index] = Server(config_path, config, index, inherit=listener)
+            servers[index].wait_ready()
+            load.mark(f"restarted {index}")
+        time.sleep(0.3)
+        results = load.finish()
+        load = None
+        assert seen <= {0, 1}
+        assert [e for res in results for e in res["errors"]] == []
+        assert all(res["ok"] > 0 for res in results)
+        # requests went on while each worker was down and after it came back
+        for name in ("stopped 0", "restarted 0", "stopped 1", "restarted 1"):
+            assert sum(res["by_mark"].get(name, 0) for res in results) > 0, name
+        assert all(s.readyz() == 200 for s in servers)
+    finally:
+        if load is not None:
+            load.finish()
+        for s in servers:
+            s.stop()
+        listener.close()
 
 
 def test_bad_config_and_a_taken_admin_port_are_one_line_and_exit_2(tmp_path: Path) -> None:
