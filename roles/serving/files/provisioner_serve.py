@@ -373,6 +373,11 @@ def _load_sklearn(meta: Metadata, threads: int) -> tuple[Predict, int | None]:
     import joblib
 
     estimator = joblib.load(meta.file)
+    # An estimator saved with n_jobs=-1 would start a pool of every CPU per predict: the slice's threads.
+    with contextlib.suppress(AttributeError, TypeError, ValueError):
+        jobs = {key: threads for key in estimator.get_params(deep=True) if key == "n_jobs" or key.endswith("__n_jobs")}
+        if jobs:
+            estimator.set_params(**jobs)
     if meta.task == "classification":
         if not hasattr(estimator, "predict_proba"):
             raise ModelError(
