@@ -106,3 +106,17 @@ def test_grow_extends_only_the_named_lists():
     assert GROW(recorded, {"created": ["/b", "/a"], "created_dirs": ["/d"], "value": 2}, ["created", "created_dirs"]) == {
         "created": ["/a", "/b"], "created_dirs": ["/d"], "value": 1}
     assert GROW({}, {"created": ["/a"]}, ["created"]) == {"created": ["/a"]}
+
+
+def test_installed_packages_go_to_no_apt_and_dpkg_is_read_once_a_run(tmp_path):
+    """A converged host: role shared's packages entry point reads dpkg's database once for every
+    role that includes it and calls no apt at all (no package lists refreshed, no cache opened)."""
+    result = play(tmp_path, [shared("packages", shared_packages=["dpkg", "coreutils"]),
+                             shared("packages", shared_packages=["dpkg"]),
+                             show("shared_installed_packages")])
+    tasks = result["plays"][0]["tasks"]
+    ran = [t["task"]["name"].removeprefix("shared : ") for t in tasks
+           if not t["hosts"]["localhost"].get("skipped") and "Show" not in t["task"]["name"]]
+    assert ran.count("Read the installed packages (once a run)") == 1, ran
+    assert not [n for n in ran if "Refresh the package lists" in n or n.startswith("Install the packages")], ran
+    assert {"dpkg", "coreutils"} <= set(shown(result)["shared_installed_packages"])
