@@ -16,7 +16,13 @@ docs/tuning.md, 'Smoke test limits' (which also gives each grade's reason and so
 - a PyTorch MLP step against torch's own SGEMM rate, measured in the same process;
 - N parallel trials against the same trials run one after another;
 - a Parquet scan against the same file read raw from the same mount (and the decode rate);
-- single-row predict latency against what an endpoint can afford.
+- single-row predict latency against what an endpoint can afford;
+- the model server under HTTP load (wrk at 1, 8 and 32 connections): requests/s at 8 against
+  the in-process predict rate through the server's own loader times the physical cores (the
+  ratio is what the HTTP layer costs), p99 against what an endpoint can afford, and no failed
+  request at any level;
+- with the host's monthly price, the measured throughput as $ per million predictions and $ per
+  trial, next to cloud instances of the same class (docs/tuning.md, 'Cost').
 """
 
 from __future__ import annotations
@@ -51,6 +57,15 @@ HPO_GRADES = (0.9, 0.7)  # N processes of cores/N threads should at least match 
 PARQUET_GRADES = (0.5, 0.2)
 # Single-row predict: p99 within 2 ms passes (endpoints answer in 1-20 ms), within 10 ms warns.
 LATENCY_P99_US = (2000.0, 10000.0)
+# The model server at SERVING_CONNECTIONS concurrent connections: requests/s against the
+# in-process predict rate x the physical cores (pass, warn); p99 in ms (pass within, warn within).
+SERVING_CONNECTIONS = 8
+SERVING_GRADES = (0.15, 0.08)
+SERVING_P99_MS = (20.0, 50.0)
+# The cost view: a month of a host's price is this many hours; cost checks follow the figure
+# named here (their before -> after is that figure's, at this run's price).
+HOURS_PER_MONTH = 730.0
+COST_SOURCES = {"cost.serving.": "serving.rps", "cost.hpo.": "hpo.parallel"}
 # More than this share of the CPUs busy just before the run: the host was not idle.
 BUSY_SHARE = 0.25
 # Parquet decode with snappy, per core (measured on these machines).
@@ -91,6 +106,9 @@ class HostReport:
     previous_started: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     workloads: dict[str, float] = field(default_factory=dict)  # seconds each workload took
+    # Latency against load of the model server, per mode ("tuned", "baseline"): one point per
+    # connection level, {connections, requests_per_s, p50_ms, p99_ms}.
+    curves: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -113,6 +131,7 @@ class HostReport:
             "counts": self.counts(),
             "hardware": self.hardware,
             "workloads": self.workloads,
+            "curves": self.curves,
             "baseline_started": self.baseline_started,
             "previous_started": self.previous_started,
             "checks": [asdict(c) for c in self.checks],
@@ -135,6 +154,7 @@ class HostReport:
             previous_started=d.get("previous_started"),
             raw=d.get("raw", {}),
             workloads=d.get("workloads", {}),
+            curves=d.get("curves", {}),
         )
 
 
@@ -241,6 +261,8 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
     checks += hpo_checks(raw, results["hpo"]) if "hpo" in results else []
     checks += [parquet_check(raw, results["parquet"])] if "parquet" in results else []
     checks += inference_checks(results["inference"]) if "inference" in results else []
+    checks += serving_checks(raw, results["serving"]) if "serving" in results else []
+    checks += cost_checks(raw.get("cost") or {}, checks)
     spreads = repeat_spreads(results)
     for c in checks:
         c.spread = spreads.get(c.id)
@@ -267,6 +289,7 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
         "user": raw.get("user"),
         "data_dir": raw.get("data_dir"),
     }
+    curve = serving_curve(results.get("serving") or {})
     return HostReport(
         host=raw.get("host", "?"),
         mode=raw.get("mode", "tuned"),
@@ -277,6 +300,7 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
         checks=checks,
         raw=raw,
         workloads={task: float(r.get("seconds", 0.0)) for task, r in results.items() if isinstance(r, dict)},
+        curves={raw.get("mode", "tuned"): curve} if curve else {},
     )
 
 
@@ -306,6 +330,10 @@ def repeat_spreads(results: dict[str, Any]) -> dict[str, list[float]]:
     for q in ("p50", "p99"):
         if inf.get(f"{q}_us_each"):
             out[f"inference.{q}"] = span(inf[f"{q}_us_each"])
+    level = serving_level(results.get("serving") or {})
+    for key, cid in (("requests_per_s", "serving.rps"), ("p99_ms", "serving.p99")):
+        values = [r[key] for r in (level or {}).get("runs", []) if r.get(key) is not None]
+        out[cid] = span(values)
     return {k: v for k, v in out.items() if v}
 
 
@@ -726,6 +754,215 @@ def inference_checks(inf: dict[str, Any]) -> list[Check]:
     ]
 
 
+def serving_level(serving: dict[str, Any], connections: int = SERVING_CONNECTIONS) -> dict[str, Any] | None:
+    """The wrk figures of the model server at `connections` concurrent connections, if measured."""
+    return next((lv for lv in serving.get("levels") or [] if lv.get("connections") == connections), None)
+
+
+def serving_curve(serving: dict[str, Any]) -> list[dict[str, Any]]:
+    """Latency against load: one point per connection level, fewest connections first."""
+    points = [
+        {k: lv.get(k) for k in ("connections", "requests_per_s", "p50_ms", "p99_ms")}
+        for lv in serving.get("levels") or []
+        if lv.get("p50_ms") is not None and lv.get("p99_ms") is not None
+    ]
+    return sorted(points, key=lambda p: p["connections"])
+
+
+def _failed_requests(serving: dict[str, Any]) -> list[str]:
+    """Per level with any, its socket errors and non-2xx responses, as people read them."""
+    out = []
+    for lv in serving.get("levels") or []:
+        errors, non2xx = int(lv.get("socket_errors") or 0), int(lv.get("non_2xx") or 0)
+        if errors or non2xx:
+            out.append(f"{lv.get('connections')} connections: {errors:,} socket errors, {non2xx:,} non-2xx")
+    return out
+
+
+def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
+    """The model server under wrk: requests/s and p99 at 8 connections, failed requests at every level,
+    the other levels and the in-process rate reported."""
+    title = "model server requests/s"
+    problem = _problem("serving.rps", "serving", title, serving)
+    if problem:
+        return [problem]
+    level = serving_level(serving)
+    if level is None or level.get("requests_per_s") is None:
+        return [Check("serving.rps", "serving", title, FAIL, f"no figures at {SERVING_CONNECTIONS} connections")]
+    model = serving.get("model") or {}
+    target = serving.get("target", "throwaway")
+    what = (
+        f"{target} server, {serving.get('workers_how')}; "
+        f"{serving.get('model_name') or 'smoke/1'} {model.get('framework', '')} "
+        + (f"{model.get('trees')} trees depth {model.get('depth')}, " if model.get("trees") else "")
+        + f"{model.get('features')} features"
+    )
+    runs = len(level.get("runs") or [1])
+    detail = f"{what}; wrk -t1, {level.get('seconds')} s x {runs} per level, one JSON row per POST"
+    short = f"{target} server, wrk at {SERVING_CONNECTIONS} connections"
+    failed = _failed_requests(serving)
+    cores = int(raw.get("cpu", {}).get("physical_cores") or 1)
+    inproc = (serving.get("inproc") or {}).get("per_s")
+    rps = float(level["requests_per_s"])
+    p50 = level.get("p50_ms")
+    out = []
+    if inproc:
+        limit = inproc * cores
+        ratio = rps / limit
+        status = grade(ratio, SERVING_GRADES)
+        reason = (
+            f"{ratio:.0%} of the in-process rate x {cores} cores (the HTTP layer and the load generator on the same "
+            f"cores take the rest); p50 {p50:.2f} ms"
+        )
+        if ratio > 1.0:
+            reason += ": above the limit, so the in-process rate was measured low (a busy host?)"
+        elif status != PASS:
+            reason += "; too few workers, threads fighting over the cores, or a worker off its CPU slice"
+        basis = (
+            f"the in-process predict rate through the server's loader and predict path ({inproc:,.0f}/s, one thread) "
+            f"x {cores} physical cores"
+        )
+        rps_check = Check("serving.rps", "serving", title, status, reason, rps, "requests/s", limit, basis, ratio, detail=detail)
+    else:
+        why = serving.get("inproc_error") or "the in-process rate was not measured"
+        rps_check = Check(
+            "serving.rps", "serving", title, INFO, f"reported without a limit: {why}", rps, "requests/s", detail=detail
+        )
+    if failed:
+        rps_check.status = FAIL
+        rps_check.reason = f"failed requests under load ({'; '.join(failed)}); " + rps_check.reason
+    out.append(rps_check)
+    ok, warn = SERVING_P99_MS
+    p99 = level.get("p99_ms")
+    if p99 is not None:
+        status = PASS if p99 <= ok else WARN if p99 <= warn else FAIL
+        out.append(
+            Check(
+                "serving.p99",
+                "serving",
+                f"model server p99 at {SERVING_CONNECTIONS} connections",
+                status,
+                f"p99 {p99:.2f} ms ({p99 / ok:.0%} of the budget)"
+                + ("" if status == PASS else "; requests queue behind busy workers: more workers, or fewer threads each"),
+                p99,
+                "ms",
+                ok,
+                f"an endpoint answers in 1-20 ms: p99 within {ok:.0f} ms passes, within {warn:.0f} ms warns",
+                p99 / ok,
+                higher_is_better=False,
+                detail=short,
+            )
+        )
+    total = sum(int(lv.get("requests") or 0) for lv in serving.get("levels") or [])
+    bad = sum(int(lv.get("socket_errors") or 0) + int(lv.get("non_2xx") or 0) for lv in serving.get("levels") or [])
+    out.append(
+        Check(
+            "serving.errors",
+            "serving",
+            "model server failed requests",
+            FAIL if failed else PASS,
+            "; ".join(failed)
+            if failed
+            else f"none of {total:,} requests at {', '.join(str(lv.get('connections')) for lv in serving.get('levels') or [])} connections",
+            float(bad),
+            "requests",
+            basis="every request at every level answered 2xx",
+            higher_is_better=False,
+            detail=f"{target} server, wrk socket errors and non-2xx responses",
+        )
+    )
+    for lv in serving.get("levels") or []:
+        c = lv.get("connections")
+        if c == SERVING_CONNECTIONS or lv.get("requests_per_s") is None:
+            continue
+        out.append(
+            Check(
+                f"serving.rps_c{c}",
+                "serving",
+                f"model server requests/s at {c} connection{'s' if c != 1 else ''}",
+                INFO,
+                f"p50 {lv.get('p50_ms') or 0:.2f} ms, p99 {lv.get('p99_ms') or 0:.2f} ms",
+                float(lv["requests_per_s"]),
+                "requests/s",
+                detail=f"{target} server, wrk at {c} connection{'s' if c != 1 else ''}",
+            )
+        )
+    if inproc:
+        ip = serving["inproc"]
+        out.append(
+            Check(
+                "serving.inproc",
+                "serving",
+                "in-process predict rate (one thread)",
+                INFO,
+                f"p50 {ip.get('p50_us', 0):,.0f} µs, p99 {ip.get('p99_us', 0):,.0f} µs per row",
+                float(inproc),
+                "predicts/s",
+                detail=f"{ip.get('how')}; median of {ip.get('repeats')} x {ip.get('calls')} calls",
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------- cost
+
+
+def hourly_price(price_per_month: float) -> float:
+    """A monthly price per hour: a month is HOURS_PER_MONTH (730) hours."""
+    return price_per_month / HOURS_PER_MONTH
+
+
+def cost_per_million(requests_per_s: float, price_per_hour: float) -> float:
+    """$ per million predictions: the hours a million requests take at this rate, times the hourly price."""
+    return 1e6 / requests_per_s * price_per_hour / 3600
+
+
+def cost_per_trial(trials_per_min: float, price_per_hour: float) -> float:
+    """$ per trial: an hour's price over the trials an hour holds."""
+    return price_per_hour / (trials_per_min * 60)
+
+
+def cost_checks(cost: dict[str, Any], checks: list[Check]) -> list[Check]:
+    """With the host's monthly price: its measured serving and trial throughput in dollars, and the
+    same throughput at each cloud instance's on-demand price (an instance of the class doing what
+    this host did). Nothing without a price."""
+    price = cost.get("price_per_month")
+    if not price or price <= 0:
+        return []
+    hourly = hourly_price(float(price))
+    clouds = {str(k): float(v) for k, v in (cost.get("cloud_prices") or {}).items() if v and float(v) > 0}
+    by = {c.id: c for c in checks}
+    out = []
+    for key, source, unit, fn, what in (
+        ("serving", "serving.rps", "$/1M predictions", cost_per_million, "requests/s"),
+        ("hpo", "hpo.parallel", "$/trial", cost_per_trial, "trials/min"),
+    ):
+        src = by.get(source)
+        if src is None or not src.figure:
+            continue
+        if key == "serving" and by.get("serving.errors") and by["serving.errors"].status == FAIL:
+            continue  # failed requests are no predictions
+        here = fn(src.figure, hourly)
+        basis = f"{number(src.figure)} {what} measured ({src.title}) at ${price:,.2f} a month = ${hourly:.4f}/h ({HOURS_PER_MONTH:.0f} h)"
+        title = "$ per 1M predictions" if key == "serving" else "$ per trial"
+        out.append(Check(f"cost.{key}.host", "cost", f"{title}, this host", INFO, basis, here, unit, higher_is_better=False))
+        for name, per_hour in clouds.items():
+            there = fn(src.figure, per_hour)
+            out.append(
+                Check(
+                    f"cost.{key}.{name}",
+                    "cost",
+                    f"{title}, {name}",
+                    INFO,
+                    f"the same {number(src.figure)} {what} at ${per_hour:.3f}/h on demand: {there / here:.2f}x this host's cost",
+                    there,
+                    unit,
+                    higher_is_better=False,
+                )
+            )
+    return out
+
+
 # ---------------------------------------------------------------- before/after, regressions
 
 
@@ -741,10 +978,18 @@ def attach_baseline(report: HostReport, baseline: HostReport | None) -> None:
         return
     report.baseline_started = baseline.started
     before = {c.id: c.figure for c in baseline.checks if c.figure is not None}
+    after = {c.id: c.figure for c in report.checks if c.figure is not None}
     for c in report.checks:
-        if c.id in before and c.id not in ILLUSTRATIONS:
+        source = next((src for prefix, src in COST_SOURCES.items() if c.id.startswith(prefix)), None)
+        if source and c.figure and before.get(source) and after.get(source):
+            # What the baseline's throughput cost at this run's price (the baseline may have had none).
+            c.baseline = c.figure * after[source] / before[source]
+            c.gain = _better_ratio(c, c.baseline)
+        elif c.id in before and c.id not in ILLUSTRATIONS:
             c.baseline = before[c.id]
             c.gain = _better_ratio(c, before[c.id])
+    if "baseline" in baseline.curves:
+        report.curves["baseline"] = baseline.curves["baseline"]
 
 
 def flag_regressions(report: HostReport, previous: HostReport | None, threshold: float = REGRESSION) -> None:
@@ -754,7 +999,8 @@ def flag_regressions(report: HostReport, previous: HostReport | None, threshold:
     report.previous_started = previous.started
     last = {c.id: c.figure for c in previous.checks if c.figure is not None}
     for c in report.checks:
-        if c.id not in last or c.figure is None or c.id in ILLUSTRATIONS:
+        # A cost follows its throughput (judged already) and the price the user gave.
+        if c.id not in last or c.figure is None or c.id in ILLUSTRATIONS or c.group == "cost":
             continue
         c.previous = last[c.id]
         change = _better_ratio(c, last[c.id])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
@@ -409,8 +410,9 @@ def test_report_escapes_what_hosts_report(raw):
 def test_script_on_the_target_needs_only_the_standard_library():
     script = ROOT / "roles" / "smoke" / "files" / "provisioner_smoke.py"
     top = [ln for ln in script.read_text().splitlines() if ln.startswith(("import ", "from "))]
-    stdlib = {"argparse", "json", "os", "platform", "pwd", "re", "shlex", "shutil", "socket", "statistics",
-              "subprocess", "sys", "tempfile", "threading", "time", "__future__", "typing"}
+    stdlib = {"argparse", "contextlib", "json", "os", "platform", "pwd", "random", "re", "shlex", "shutil", "signal",
+              "socket", "statistics", "subprocess", "sys", "tempfile", "threading", "time", "urllib", "__future__",
+              "typing"}
     assert {ln.split()[1].split(".")[0] for ln in top} <= stdlib
 
 
@@ -471,3 +473,244 @@ def test_a_drop_within_the_runs_own_spread_is_noise_not_a_regression(raw):
     now = smoke.evaluate(raw)
     smoke.flag_regressions(now, last)
     assert by_id(now)["inference.p99"].regression
+
+
+# ---------------------------------------------------------------- serving: wrk, judgement, chart, cost
+
+
+@pytest.fixture
+def serving_runs():
+    """The serving workload as measured on this 2-core VM: a throwaway model server, 200 XGBoost trees of
+    depth 6 on 28 features; tuned (2 workers x 1 thread, each on its CPU) and baseline (1 worker, 2 threads)."""
+    return json.loads((DATA / "smoke_serving_runs.json").read_text())
+
+
+@pytest.fixture
+def served(raw, tuned, serving_runs):
+    """(baseline, tuned) raw figures with the measured serving workload in each."""
+    raw["results"]["serving"] = copy.deepcopy(serving_runs["baseline"]["serving"])
+    tuned["results"]["serving"] = copy.deepcopy(serving_runs["tuned"]["serving"])
+    return raw, tuned
+
+
+def level(result: dict, connections: int) -> dict:
+    return next(lv for lv in result["results"]["serving"]["levels"] if lv["connections"] == connections)
+
+
+def set_level(result: dict, connections: int, wrk: dict) -> None:
+    """Put one parsed wrk run in as the level's only run, with its medians and sums."""
+    lv = level(result, connections)
+    lv["runs"] = [wrk]
+    lv.update({k: wrk.get(k) for k in ("requests_per_s", "p50_ms", "p90_ms", "p99_ms")})
+    lv["socket_errors"] = sum(wrk["socket_errors"].values())
+    lv["non_2xx"] = wrk["non_2xx"]
+    lv["requests"] = wrk["requests"]
+
+
+def test_wrk_output_is_parsed_with_its_units(script):
+    ok = script.parse_wrk((DATA / "wrk_c8_ok.txt").read_text())
+    assert ok["requests_per_s"] == pytest.approx(2869.90)
+    assert (ok["p50_ms"], ok["p75_ms"], ok["p90_ms"], ok["p99_ms"]) == pytest.approx((2.46, 2.92, 4.43, 6.58))
+    assert ok["requests"] == 8895 and ok["seconds"] == pytest.approx(3.10)
+    assert ok["mean_ms"] == pytest.approx(2.81) and ok["max_ms"] == pytest.approx(12.93)
+    assert ok["socket_errors"] == {} and ok["non_2xx"] == 0
+    missing = script.parse_wrk((DATA / "wrk_c8_404.txt").read_text())  # an unknown model: every answer a 404
+    assert missing["non_2xx"] == missing["requests"] == 25720
+    assert missing["p50_ms"] == pytest.approx(0.506) and missing["mean_ms"] == pytest.approx(0.71803)  # µs -> ms
+    drained = script.parse_wrk((DATA / "wrk_c32_drained.txt").read_text())  # the server stopped under load
+    assert drained["socket_errors"] == {"connect": 0, "read": 0, "write": 68756, "timeout": 0}
+    with pytest.raises(ValueError, match="no Requests/sec line: unable to connect"):
+        script.parse_wrk("unable to connect to 127.0.0.1:18939 Connection refused\n")
+
+
+def test_serving_requests_per_second_are_held_against_the_in_process_rate_times_the_cores(served):
+    base, tuned = served
+    c = by_id(smoke.evaluate(tuned))
+    rps, inproc = c["serving.rps"], tuned["results"]["serving"]["inproc"]["per_s"]
+    assert rps.figure == level(tuned, 8)["requests_per_s"]
+    assert rps.limit == pytest.approx(inproc * 2)  # 2 physical cores
+    assert rps.ratio == pytest.approx(rps.figure / rps.limit) and rps.status == smoke.PASS
+    assert "of the in-process rate x 2 cores" in rps.reason and "one thread" in rps.basis
+    p99 = c["serving.p99"]
+    assert p99.figure == level(tuned, 8)["p99_ms"] and p99.limit == 20.0 and p99.status == smoke.PASS
+    assert not p99.higher_is_better and c["serving.errors"].status == smoke.PASS
+    assert c["serving.rps_c1"].status == c["serving.rps_c32"].status == c["serving.inproc"].status == smoke.INFO
+    assert "p99" in c["serving.rps_c32"].reason
+
+
+def test_serving_below_the_grades_warns_then_fails(served):
+    _, tuned = served
+    limit = by_id(smoke.evaluate(tuned))["serving.rps"].limit
+    ok, warn = smoke.SERVING_GRADES
+    tuned["results"]["serving"]["inproc"]["per_s"] *= by_id(smoke.evaluate(tuned))["serving.rps"].figure / limit / ((ok + warn) / 2)
+    c = by_id(smoke.evaluate(tuned))["serving.rps"]
+    assert c.status == smoke.WARN and c.ratio == pytest.approx((ok + warn) / 2) and "too few workers" in c.reason
+    tuned["results"]["serving"]["inproc"]["per_s"] *= 3
+    assert by_id(smoke.evaluate(tuned))["serving.rps"].status == smoke.FAIL
+
+
+def test_serving_p99_over_the_budget_warns_then_fails(served):
+    _, tuned = served
+    level(tuned, 8)["p99_ms"] = 35.0
+    assert by_id(smoke.evaluate(tuned))["serving.p99"].status == smoke.WARN
+    level(tuned, 8)["p99_ms"] = 51.0
+    c = by_id(smoke.evaluate(tuned))["serving.p99"]
+    assert c.status == smoke.FAIL and c.ratio == pytest.approx(51 / 20)
+
+
+@pytest.mark.parametrize("capture", ["wrk_c8_404.txt", "wrk_c32_drained.txt"])
+@pytest.mark.parametrize("connections", [1, 32])
+def test_any_failed_request_at_any_level_fails_serving(served, script, capture, connections):
+    _, tuned = served
+    set_level(tuned, connections, script.parse_wrk((DATA / capture).read_text()))
+    c = by_id(smoke.evaluate(tuned))
+    assert c["serving.errors"].status == smoke.FAIL and c["serving.errors"].figure > 0
+    assert f"{connections} connections:" in c["serving.errors"].reason
+    assert c["serving.rps"].status == smoke.FAIL and "failed requests under load" in c["serving.rps"].reason
+
+
+def test_serving_without_wrk_or_the_in_process_rate_says_why(served):
+    base, tuned = served
+    base["results"]["serving"] = {"skipped": "wrk is not installed (the Debian package wrk; role common installs it)"}
+    c = by_id(smoke.evaluate(base))["serving.rps"]
+    assert c.status == smoke.SKIP and "Debian package wrk" in c.reason
+    tuned["results"]["serving"]["inproc"] = None
+    tuned["results"]["serving"]["inproc_error"] = "serving_model: exited 1: PermissionError"
+    c = by_id(smoke.evaluate(tuned))["serving.rps"]
+    assert c.status == smoke.INFO and c.limit is None and "PermissionError" in c.reason
+
+
+def test_serving_before_and_after(served):
+    base, tuned = served
+    before, after = smoke.evaluate(base), smoke.evaluate(tuned)
+    smoke.attach_baseline(after, before)
+    c = by_id(after)
+    assert c["serving.rps"].baseline == level(base, 8)["requests_per_s"]
+    assert c["serving.rps"].gain == pytest.approx(level(tuned, 8)["requests_per_s"] / level(base, 8)["requests_per_s"])
+    assert c["serving.p99"].gain == pytest.approx(level(base, 8)["p99_ms"] / level(tuned, 8)["p99_ms"])  # lower is better
+    assert set(after.curves) == {"tuned", "baseline"}
+    assert [p["connections"] for p in after.curves["baseline"]] == [1, 8, 32]
+
+
+def test_the_latency_chart_is_in_the_report_with_tuned_and_baseline(served):
+    base, tuned = served
+    before, after = smoke.evaluate(base), smoke.evaluate(tuned)
+    smoke.attach_baseline(after, before)
+    text = report.render_html([after])
+    charts = [s.split("</svg>")[0] + "</svg>" for s in text.split('<svg class="chart"')[1:]]
+    assert len(charts) == 1
+    svg = ET.fromstring('<svg class="chart"' + charts[0].replace('role="img"', ""))
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    lines = svg.findall("polyline") + svg.findall("s:polyline", ns)
+    assert len(lines) == 4  # p50 and p99, tuned and baseline
+    labels = [t.text for t in svg.iter() if t.tag.endswith("text")]
+    assert {"tuned p50", "tuned p99", "baseline p50", "baseline p99", "p99 budget"} <= set(labels)
+    assert {"1", "8", "32"} <= set(labels)  # connections on the x axis
+    tips = [t.text for t in svg.iter() if t.tag.endswith("title")]
+    assert any(f"tuned p99 at 8 connections: {level(tuned, 8)['p99_ms']:.2f} ms" in (t or "") for t in tips)
+    only = report.render_html([before])  # a baseline alone: its own curve
+    assert only.count('<svg class="chart"') == 1 and "baseline p99" in only and "tuned p50" not in only
+
+
+def test_no_serving_workload_no_chart(raw):
+    assert '<svg class="chart"' not in report.render_html([smoke.evaluate(raw)])
+
+
+def test_cost_arithmetic():
+    assert smoke.hourly_price(730.0) == pytest.approx(1.0)  # a month is 730 hours
+    assert smoke.cost_per_million(1000.0, 3.6) == pytest.approx(1.0)  # 1,000 s at $0.001/s
+    assert smoke.cost_per_million(2000.0, 3.6) == pytest.approx(0.5)
+    assert smoke.cost_per_trial(60.0, 3.6) == pytest.approx(0.001)  # 3,600 trials an hour
+    # c5.4xlarge at $0.68/h serving 5,000 requests/s: 1e6 / 5000 s x 0.68 / 3600 $/s
+    assert smoke.cost_per_million(5000.0, 0.68) == pytest.approx(200 * 0.68 / 3600)
+
+
+def test_cost_view_with_a_monthly_price(served):
+    base, tuned = served
+    prices = {"c5.4xlarge": 0.68, "r5.4xlarge": 1.008, "c7a.4xlarge": 0.82}
+    tuned["cost"] = {"price_per_month": 146.0, "cloud_prices": prices}
+    after = smoke.evaluate(tuned)
+    c = by_id(after)
+    rps, trials = c["serving.rps"].figure, c["hpo.parallel"].figure
+    assert c["cost.serving.host"].figure == pytest.approx(1e6 / rps * (146 / 730) / 3600)
+    assert c["cost.hpo.host"].figure == pytest.approx((146 / 730) / (trials * 60))
+    for name, per_hour in prices.items():
+        assert c[f"cost.serving.{name}"].figure == pytest.approx(1e6 / rps * per_hour / 3600)
+        assert c[f"cost.hpo.{name}"].figure == pytest.approx(per_hour / (trials * 60))
+    assert {x.status for x in after.checks if x.group == "cost"} == {smoke.INFO}
+    assert "$146.00 a month = $0.2000/h (730 h)" in c["cost.serving.host"].reason
+    # The baseline ran without a price: its cost is its throughput at this run's price.
+    before = smoke.evaluate(base)
+    assert not any(x.group == "cost" for x in before.checks)
+    smoke.attach_baseline(after, before)
+    cost = by_id(after)["cost.serving.host"]
+    assert cost.baseline == pytest.approx(1e6 / level(base, 8)["requests_per_s"] * (146 / 730) / 3600)
+    assert cost.gain == pytest.approx(rps / level(base, 8)["requests_per_s"])
+    text = report.render_html([after])
+    assert "$ per 1M predictions, c5.4xlarge" in text and "$/trial" in text
+
+
+def test_no_price_no_cost_view_and_a_price_change_is_no_regression(served):
+    _, tuned = served
+    tuned["cost"] = {"price_per_month": None, "cloud_prices": {"c5.4xlarge": 0.68}}
+    assert not any(c.group == "cost" for c in smoke.evaluate(tuned).checks)
+    tuned["cost"]["price_per_month"] = 100.0
+    last = smoke.evaluate(tuned)
+    tuned["cost"]["price_per_month"] = 300.0  # three times the cost, the same throughput
+    now = smoke.evaluate(tuned)
+    smoke.flag_regressions(now, last)
+    assert not by_id(now)["cost.serving.host"].regression
+
+
+def _options_play(extra: dict) -> subprocess.CompletedProcess:
+    """The smoke role's option checks as the input check runs them (control node only)."""
+    import os
+    import sys
+
+    import yaml
+
+    bindir = Path(sys.executable).parent
+    play = yaml.safe_dump([{
+        "name": "Input", "hosts": "all", "gather_facts": False,
+        "tasks": [{"name": "Check the input of role smoke",
+                   "ansible.builtin.include_role": {"name": "smoke", "tasks_from": "preflight"}}],
+    }])
+    # A host that does not exist: a refusal must come before anything reaches it.
+    return subprocess.run(
+        [str(bindir / "ansible-playbook"), "-i", "unreachable.invalid,", "/dev/stdin", "-e", json.dumps(extra),
+         "-e", "smoke_mode=baseline"],
+        input=play, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
+             "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"smoke_price_per_month": "cheap"}, "smoke_price_per_month must be the host's price per month in dollars"),
+        ({"smoke_price_per_month": -120}, "smoke_price_per_month must be the host's price per month in dollars"),
+        ({"smoke_price_per_month": 0}, "smoke_price_per_month must be the host's price per month in dollars"),
+        ({"smoke_cloud_prices": {"c5.4xlarge": "a lot"}}, "smoke_cloud_prices must map instance names"),
+        ({"smoke_cloud_prices": {"c5.4xlarge": -1}}, "smoke_cloud_prices must map instance names"),
+    ],
+)
+def test_a_bad_price_is_refused_before_any_host_is_reached(extra, says):
+    r = _options_play(extra)
+    assert r.returncode != 0, r.stdout[-3000:]
+    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
+    failed = [(t["task"]["name"], h) for t in tasks for h in t["hosts"].values() if h.get("failed")]
+    assert len(failed) == 1, failed
+    name, result = failed[0]
+    assert not result.get("unreachable")
+    assert name == f"smoke : Check {next(iter(extra))}"
+    msg = result["msg"]
+    assert msg.startswith(says) and "\n" not in msg.strip(), msg
+    assert str(next(iter(extra.values()))).split(":")[0].strip("{'") in msg  # the value refused
+
+
+def test_a_good_price_passes_the_option_checks():
+    r = _options_play({"smoke_price_per_month": 450, "smoke_cloud_prices": {"c5.4xlarge": 0.68, "mine": 1}})
+    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
+    checks = [t for t in tasks if t["task"]["name"].startswith("smoke : Check smoke_")]
+    assert len(checks) == 2 and not any(h.get("failed") for t in checks for h in t["hosts"].values())
