@@ -714,3 +714,42 @@ def test_a_good_price_passes_the_option_checks():
     tasks = json.loads(r.stdout)["plays"][0]["tasks"]
     checks = [t for t in tasks if t["task"]["name"].startswith("smoke : Check smoke_")]
     assert len(checks) == 2 and not any(h.get("failed") for t in checks for h in t["hosts"].values())
+
+
+def test_the_throwaway_servers_workers_come_from_the_plan_or_the_naive_setup(script):
+    import os
+
+    plan = {"workers": 2, "threads_per_worker": 1, "worker_cpus": [[0, 2], [1, 3]]}
+    workers, how = script.serving_workers("tuned", plan)
+    assert workers == [{"index": 0, "cpus": [0, 2], "threads": 1}, {"index": 1, "cpus": [1, 3], "threads": 1}]
+    assert "2 workers x 1 thread" in how
+    with pytest.raises(RuntimeError, match="the plan has no serving section"):
+        script.serving_workers("tuned", None)
+    allowed = sorted(os.sched_getaffinity(0))
+    workers, how = script.serving_workers("baseline", plan)  # the naive setup ignores the plan
+    assert workers == [{"index": 0, "cpus": allowed, "threads": len(allowed)}] and "one worker" in how
+
+
+def test_a_deployed_server_is_measured_only_when_worker_0_says_ready(script, tmp_path):
+    assert script.deployed_server(str(tmp_path / "none.json")) == (None, f"no deployed model server ({tmp_path / 'none.json'} does not exist)")
+    port = script.free_ports(1)  # nothing listens there
+    cfg = tmp_path / "serving.json"
+    cfg.write_text(json.dumps({"schema": 1, "registry": str(tmp_path), "listen": "127.0.0.1", "port": 1, "admin_port_base": port}))
+    target, why = script.deployed_server(str(cfg))
+    assert target is None and f"worker 0 is not ready on 127.0.0.1:{port}" in why
+    cfg.write_text("{")
+    assert "cannot be read" in script.deployed_server(str(cfg))[1]
+
+
+def test_without_wrk_the_serving_workload_is_skipped_naming_the_package(script, monkeypatch):
+    monkeypatch.setattr(script.shutil, "which", lambda name: None)
+    assert script.serving(None, {}) == {"skipped": "wrk is not installed (the Debian package wrk; role common installs it)"}
+
+
+def test_free_ports_are_consecutive_and_free(script):
+    import socket
+
+    base = script.free_ports(3)
+    for port in range(base, base + 3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

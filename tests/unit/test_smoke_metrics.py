@@ -51,6 +51,26 @@ def test_every_figure_limit_ratio_and_status_as_a_metric():
     assert {k[0] for k in got} == set(metrics.SMOKE_METRICS)
 
 
+def test_the_serving_figures_are_series_like_every_other_check():
+    import json
+
+    data = Path(__file__).parent / "data"
+    raw = json.loads((data / "smoke_raw_baseline.json").read_text())
+    raw["mode"] = "tuned"
+    raw["results"] = {"serving": json.loads((data / "smoke_serving_runs.json").read_text())["tuned"]["serving"]}
+    raw["cost"] = {"price_per_month": 146.0, "cloud_prices": {"c5.4xlarge": 0.68}}
+    judged = smoke.evaluate(raw)
+    got = samples(metrics.smoke_text(judged))
+    level8 = next(lv for lv in raw["results"]["serving"]["levels"] if lv["connections"] == 8)
+    assert got[("provisioner_smoke_figure", (("check", "serving.rps"), ("unit", "requests/s")))] == level8["requests_per_s"]
+    assert got[("provisioner_smoke_figure", (("check", "serving.p99"), ("unit", "ms")))] == level8["p99_ms"]
+    assert got[("provisioner_smoke_limit", (("check", "serving.p99"), ("unit", "ms")))] == 20.0
+    assert got[("provisioner_smoke_status", (("check", "serving.errors"), ("status", "pass")))] == 1
+    assert ("provisioner_smoke_figure", (("check", "serving.rps_c32"), ("unit", "requests/s"))) in got
+    assert ("provisioner_smoke_figure", (("check", "cost.serving.c5.4xlarge"), ("unit", "$/1M predictions"))) in got
+    assert {k[0] for k in got} == set(metrics.SMOKE_METRICS)  # no series of its own to document
+
+
 def test_an_unknown_start_is_now():
     assert abs(metrics.started_seconds("") - __import__("time").time()) < 5
 
