@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ _SOCKET_PATH_MAX = 104 - 17 - 1 - 40
 FORK_MEMORY_BYTES = 100 * 2**20
 RESERVED_MEMORY_BYTES = 2 * 2**30
 FORKS_ENV = "PROVISIONER_FORKS"
+# An opt-in execution strategy (see _strategy_env).
+STRATEGY_ENV = "PROVISIONER_STRATEGY"
 
 
 # ---------------------------------------------------------------- validation
@@ -257,6 +260,42 @@ def _ssh_args(accept_new_host_keys: bool) -> str:
     )
 
 
+def _strategy_env(choice: str | None) -> dict[str, str]:
+    """PROVISIONER_STRATEGY=mitogen: Mitogen's linear strategy (one Python interpreter kept per
+    host instead of a module upload per task), when the mitogen package is installed."""
+    if not choice or choice == "linear":
+        return {}
+    if choice != "mitogen":
+        raise BadInput(f"{STRATEGY_ENV}={choice!r} is not a strategy provisioner knows: use linear or mitogen")
+    import importlib.util
+
+    spec = importlib.util.find_spec("ansible_mitogen")
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInput(f"{STRATEGY_ENV}=mitogen needs the mitogen package beside provisioner: pip install mitogen")
+    strategies = Path(next(iter(spec.submodule_search_locations))) / "plugins" / "strategy"
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(strategies), "ANSIBLE_STRATEGY": "mitogen_linear"}
+
+
+@contextmanager
+def shared_ssh_masters() -> Iterator[None]:
+    """While active, testinfra's ssh commands (verify) go through this command's masters too:
+    testinfra reads ssh_args from the Ansible config that ANSIBLE_CONFIG names, ahead of the
+    inventory's options (ssh keeps the first value it is given)."""
+    config = Path(tempfile.mkstemp(prefix="ansible-", suffix=".cfg", dir=_MUX.directory())[1])
+    # configparser's interpolation reads %% as one %.
+    config.write_text(f"[ssh_connection]\nssh_args = {_ssh_args(False).replace('%', '%%')}\n")
+    before = os.environ.get("ANSIBLE_CONFIG")
+    os.environ["ANSIBLE_CONFIG"] = str(config)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("ANSIBLE_CONFIG", None)
+        else:
+            os.environ["ANSIBLE_CONFIG"] = before
+        config.unlink(missing_ok=True)
+
+
 def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
     return {
         **_inventory_env(),
@@ -275,6 +314,7 @@ def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "ANSIBLE_LOCALHOST_WARNING": "False",
         "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
+        **_strategy_env(os.environ.get(STRATEGY_ENV)),
     }
 
 

@@ -175,6 +175,6 @@ def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] 
         "python_files=test_*.py",
     ]
     sink = io.StringIO()
-    with redirect_stdout(sink), redirect_stderr(sink):
+    with redirect_stdout(sink), redirect_stderr(sink), engine.shared_ssh_masters():
         pytest.main(args, plugins=[collector])
     return VerifyResult(collector.results)

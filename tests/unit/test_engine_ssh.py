@@ -3,6 +3,7 @@ command closes when it ends."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -85,3 +86,39 @@ def test_closing_removes_the_sockets_and_a_dead_commands_directory(tmp_path, mon
     assert not mine.exists()
     base.rmdir()
     base.parent.rmdir()
+
+
+def test_the_strategy_is_ansibles_unless_mitogen_is_asked_for(tmp_path, monkeypatch):
+    assert engine._strategy_env(None) == {} and engine._strategy_env("linear") == {}
+    with pytest.raises(BadInput, match="PROVISIONER_STRATEGY='fast'"):
+        engine._strategy_env("fast")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "mitogen" not in p])
+    if importlib.util.find_spec("ansible_mitogen") is None:
+        with pytest.raises(BadInput, match="pip install mitogen"):
+            engine._strategy_env("mitogen")
+    package = tmp_path / "ansible_mitogen"
+    (package / "plugins" / "strategy").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert engine._strategy_env("mitogen") == {
+        "ANSIBLE_STRATEGY_PLUGINS": str(package / "plugins" / "strategy"),
+        "ANSIBLE_STRATEGY": "mitogen_linear",
+    }
+
+
+def test_testinfra_reads_the_same_masters_while_verify_runs(monkeypatch):
+    from testinfra.utils.ansible_runner import get_ansible_config
+
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", "/var/tmp/pv")
+    mux = engine._Multiplexer()
+    monkeypatch.setattr(engine, "_MUX", mux)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
+    try:
+        with engine.shared_ssh_masters():
+            args = get_ansible_config().get("ssh_connection", "ssh_args")
+            assert args == engine._run_env(accept_new_host_keys=False)["ANSIBLE_SSH_ARGS"]
+            assert f"ControlPath={mux.directory()}/%C" in args
+        assert "ANSIBLE_CONFIG" not in os.environ
+        assert list(mux.directory().iterdir()) == []
+    finally:
+        mux.close()
