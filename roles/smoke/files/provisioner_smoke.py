@@ -326,8 +326,13 @@ class Runner:
         return json.loads(lines[-1])
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally blocks: servers stopped, work files removed
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.time()
+    signal.signal(signal.SIGTERM, _terminated)
     plan: dict[str, Any] = {}
     serving_plan: dict[str, Any] | None = None
     if args.mode == "tuned":
