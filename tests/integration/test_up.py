@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -218,9 +219,9 @@ def test_smoke_refuses_an_unprovisioned_host(fresh_lab_server):
 
 
 def test_verify_catches_a_broken_host(provisioned):
+    """The converged host passed verify in both `up` runs (the tests above); broken, it fails."""
     server = provisioned["server"]
-    rc, out = cli_json("verify", "-i", str(server.inventory))
-    assert rc == ExitCode.OK, out
+    assert provisioned["second"][1]["verify"]["exit_code"] == ExitCode.OK
     assert ssh(server, "chmod 0700 /etc/provisioner").returncode == 0
     try:
         rc, out = cli_json("verify", "-i", str(server.inventory))
@@ -244,6 +245,28 @@ def test_facts_and_plan_over_ssh(lab_server):
     values = plan[lab_server.name]["values"]
     assert values["trials"] == 1
     assert values["threads_per_trial"] == values["threads_per_job"]
+
+
+def test_one_ssh_login_per_host_and_nothing_left_behind(lab_server):
+    """A command's playbook runs share one SSH master per host (facts.yml runs several modules),
+    and the command closes it when it ends: no master, no socket left."""
+    state = Path(f"/var/tmp/pv-mux-{os.getpid()}")  # short: the sockets live below it
+    since = int(ssh(lab_server, "date +%s").stdout) + 1  # the second after this login
+    time.sleep(1.5)
+    try:
+        r = subprocess.run(
+            [str(BIN), "facts", "-i", str(lab_server.inventory), "--json"], capture_output=True, text=True, timeout=600,
+            env={**os.environ, "PROVISIONER_STATE_DIR": str(state)},
+        )
+        assert r.returncode == ExitCode.OK, r.stderr
+        assert [p.name for p in (state / "ssh").iterdir()] == [], "the command left its sockets behind"
+        masters = subprocess.run(["pgrep", "-f", f"ControlPath={state}/"], capture_output=True, text=True)
+        assert masters.stdout == "", f"SSH masters still running: {masters.stdout}"
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    logins = ssh(lab_server, f"journalctl -u ssh --since @{since} --no-pager -o cat | grep -c 'Accepted publickey'")
+    # The command's one master, and this ssh command that counts.
+    assert logins.stdout.strip() == "2", logins.stdout + logins.stderr
 
 
 def test_plan_refuses_bad_input_before_any_change(lab_server):
@@ -313,15 +336,6 @@ def test_plain_ansible_playbook_runs_the_same_roles(provisioned):
     assert r.returncode == 0, r.stdout[-3000:]
     recap = r.stdout.split("PLAY RECAP", 1)[1]
     assert "changed=0" in recap and "failed=0" in recap, recap
-
-
-def test_one_role_by_tag(provisioned):
-    """--tags common alone: the plan still runs (other roles' defaults read it), nothing changes."""
-    rc, out = cli_json("up", "-i", str(provisioned["server"].inventory), "--tags", "common", *provisioned["offline"])
-    assert rc == ExitCode.OK, out
-    assert out["hosts"][provisioned["server"].name]["changed"] == 0
-    assert {c["check"].split("[")[0] for c in out["verify"]["hosts"][provisioned["server"].name]} >= {
-        "test_base_packages_installed", "test_applied_plan_recorded"}
 
 
 # ---------------------------------------------------------------- status and drift
@@ -446,10 +460,16 @@ def test_the_timers_metrics_show_the_drift(provisioned, drift):
 
 
 def test_up_repairs_the_drift_and_status_is_clean_again(provisioned, drift):
+    """`up --tags cpu_tuning,thread_env`: the plan still runs (the roles' defaults read it), the
+    two roles repair what was broken, verify runs their checks only, the smoke test is left out."""
     host = provisioned["server"].name
     rc, out = drift["repair"]
     assert rc == ExitCode.OK, out
     assert out["hosts"][host]["changed"] > 0 and out["smoke"] is None
+    assert out["plan"][host]["values"]["threads_per_job"] >= 1
+    checks = out["verify"]["hosts"][host]
+    assert [c for c in checks if c["outcome"] not in ("passed", "skipped")] == [], checks
+    assert {c["role"] for c in checks} == {"cpu_tuning", "thread_env"}, checks
     rc, out, _ = drift["repaired"]
     assert rc == ExitCode.OK, out
     assert by_name(out, host)["tuned profile"]["state"] == "ok"
