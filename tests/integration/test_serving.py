@@ -1,0 +1,229 @@
+"""The model server end to end on a lab server of its own, over real SSH: deployed by
+`provisioner up`, read by `serve status`, measured by the smoke test with a real load generator,
+a new version rolled in under load without a failed request, a corrupt one refused while the
+others keep serving, and a killed worker restarted by systemd while the others answer."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from provisioner import bundle
+from provisioner.errors import ExitCode
+
+pytestmark = pytest.mark.lab
+
+BIN = Path(sys.executable).parent / "provisioner"
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "molecule" / "serving" / "files" / "models"
+NAME = "pv-serve"
+PORT = 8300
+
+
+def cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def cli_json(*args: str, timeout: int = 900) -> tuple[int, dict, subprocess.CompletedProcess]:
+    r = cli(*args, "--json", timeout=timeout)
+    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
+    envelope = json.loads(r.stdout)
+    assert envelope["exit_code"] == r.returncode, envelope
+    return r.returncode, envelope["data"], r
+
+
+def ssh(server, command: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ssh", "-F", str(server.ssh_config), server.name, command], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def sources(*versions: tuple[str, str]) -> str:
+    items = [{"name": n, "version": v, "src": str(MODELS / n / v)} for n, v in versions]
+    return "serving_model_sources=" + json.dumps(items)
+
+
+def workers(server) -> list[dict]:
+    rc, data, r = cli_json("serve", "status", "-i", str(server.inventory))
+    assert rc == ExitCode.OK, r.stdout + r.stderr
+    return data["hosts"][server.name]["workers"]
+
+
+def fraud_row() -> dict:
+    features = json.loads((MODELS / "fraud" / "1" / "metadata.json").read_text())["features"]
+    return {"features": {f: 0.5 for f in features}}
+
+
+# A wrk script posting one JSON row; wrk prints the non-2xx count and socket errors only when
+# there are any, and the summary line "N requests in ...".
+WRK_SCRIPT = """wrk.method = "POST"
+wrk.body = '{body}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+# POST a JSON body COUNT times from inside the server (new connection each time) and print each
+# status code and the last answer: what any local client sees.
+POST_SCRIPT = """
+import json, sys, urllib.error, urllib.request
+url, body, count = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+for _ in range(count):
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            print(r.status, r.read().decode())
+    except urllib.error.HTTPError as e:
+        print(e.code, e.read().decode())
+"""
+
+
+def post(server, path: str, count: int = 1) -> list[tuple[int, str]]:
+    url = f"http://127.0.0.1:{PORT}{path}"
+    command = " ".join(shlex.quote(a) for a in ("python3", "-c", POST_SCRIPT, url, json.dumps(fraud_row()), str(count)))
+    r = ssh(server, command)
+    assert r.returncode == 0, r.stderr
+    return [(int(code), text) for code, _, text in (line.partition(" ") for line in r.stdout.splitlines())]
+
+
+def start_wrk(server, path: str, seconds: int, connections: int = 8) -> subprocess.Popen:
+    script = WRK_SCRIPT.format(body=json.dumps(fraud_row()))
+    put = ssh(server, f"cat > /tmp/post.lua <<'EOF'\n{script}EOF")
+    assert put.returncode == 0, put.stderr
+    command = f"wrk -t1 -c{connections} -d{seconds}s -s /tmp/post.lua http://127.0.0.1:{PORT}{path}"
+    return subprocess.Popen(
+        ["ssh", "-F", str(server.ssh_config), server.name, command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wrk_result(proc: subprocess.Popen, timeout: int = 180) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out + err
+    requests = int(next(line for line in out.splitlines() if "requests in" in line).split()[0])
+    return requests, out
+
+
+@pytest.fixture(scope="module")
+def served(lab_requirements):
+    """A lab server with common, the ML environment and the model server with three versions
+    of two models (fraud/1, fraud/2: XGBoost; churn/1: scikit-learn), installed offline."""
+    from provisioner import lab
+
+    wheelhouse = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt", "serving"]).path
+    server = lab.up(NAME)
+    try:
+        inv = str(server.inventory)
+        rc, _, r = cli_json(
+            "up",
+            "-i",
+            inv,
+            "--tags",
+            "common,mlstack,serving",
+            "--no-smoke",
+            "-e",
+            f"mlstack_wheelhouse={wheelhouse}",
+            "-e",
+            "serving_enabled=true",
+            "-e",
+            sources(("fraud", "1"), ("fraud", "2"), ("churn", "1")),
+            timeout=1200,
+        )
+        assert rc == ExitCode.OK, r.stdout[-3000:] + r.stderr
+        yield server
+    finally:
+        lab.down(NAME)
+
+
+def test_a_listen_address_beyond_loopback_is_refused_before_any_change(served):
+    rc, _, r = cli_json("up", "-i", str(served.inventory), "--tags", "serving", "--no-smoke", "-e", "serving_listen=0.0.0.0")
+    assert rc == ExitCode.BAD_INPUT, r.stdout + r.stderr
+    assert "serving_allow_nonlocal" in r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
+
+
+def test_serve_status_shows_every_planned_worker_ready_with_its_slice(served):
+    plan = json.loads(ssh(served, "cat /etc/provisioner/plan.json").stdout)["serving"]
+    shown = workers(served)
+    assert [w["index"] for w in shown] == list(range(plan["workers"]))
+    for w, cpus in zip(shown, plan["worker_cpus"], strict=True):
+        assert (w["active"], w["answering"], w["ready"]) == ("active", True, True), w
+        assert w["threads"] == plan["threads_per_worker"]
+        assert w["cpus"] == cpus
+        assert sorted(w["loaded_versions"]) == ["churn/1", "fraud/1", "fraud/2"], w
+        assert 0 < w["cache_bytes"] <= w["cache_budget_bytes"]
+    # The serving socket and the admin ports listen on loopback only.
+    listening = ssh(served, "ss -Hltn").stdout.split("\n")
+    ours = [ln for ln in listening if f":{PORT} " in ln or ":831" in ln]
+    assert ours and all("127.0.0.1:" in ln for ln in ours), ours
+
+
+def test_the_smoke_test_drives_the_deployed_server_with_zero_errors(served):
+    _, data, _ = cli_json("smoke", "-i", str(served.inventory), "-e", "smoke_workloads=[serving]", timeout=900)
+    report = data["hosts"][served.name]
+    checks = {c["id"]: c for c in report["checks"]}
+    serving = [c for cid, c in checks.items() if cid.startswith("serving")]
+    assert serving, sorted(checks)
+    assert not [c for c in serving if c["status"] == "fail"], serving
+    assert "deployed" in json.dumps(report).lower()
+
+
+def test_a_new_version_rolls_in_under_load_without_a_failed_request(served, tmp_path):
+    before = {w["index"]: w["pid"] for w in workers(served)}
+    new = tmp_path / "fraud-3"
+    shutil.copytree(MODELS / "fraud" / "2", new)
+    load = start_wrk(served, "/v1/models/fraud/1/predict", seconds=25)
+    time.sleep(3)  # the load is running before the first worker restarts
+    rc, _, r = cli_json("serve", "load", "fraud/3", "--from", str(new), "-i", str(served.inventory), timeout=600)
+    requests, out = wrk_result(load)
+    assert rc == ExitCode.OK, r.stdout[-2000:] + r.stderr
+    assert requests > 0
+    assert "Non-2xx" not in out and "Socket errors" not in out, out
+    after = workers(served)
+    assert all(w["pid"] != before[w["index"]] for w in after), (before, after)  # every worker restarted
+    assert all("fraud/3" in w["loaded_versions"] for w in after)
+    [(code, text)] = post(served, "/v1/models/fraud/latest/predict")
+    assert code == 200 and json.loads(text)["version"] == "3", text
+
+
+def test_a_corrupt_version_is_refused_and_the_others_keep_serving(served, tmp_path):
+    before = {w["index"]: w["pid"] for w in workers(served)}
+    bad = tmp_path / "fraud-9"
+    shutil.copytree(MODELS / "fraud" / "1", bad)
+    (bad / "model.ubj").write_bytes(b"not a model at all")
+    rc, _, r = cli_json("serve", "load", "fraud/9", "--from", str(bad), "-i", str(served.inventory), timeout=600)
+    assert rc == ExitCode.HOST_FAILED, r.stdout[-2000:] + r.stderr
+    assert "model.ubj" in r.stdout + r.stderr
+    assert ssh(served, "test -e /data/models/fraud/9").returncode != 0
+    after = workers(served)
+    assert {w["index"]: w["pid"] for w in after} == before  # nothing restarted
+    assert all("fraud/9" not in w["loaded_versions"] for w in after)
+
+
+def test_a_killed_worker_is_restarted_while_the_others_answer(served):
+    before = {w["index"]: w for w in workers(served)}
+    victim = before[0]
+    load = start_wrk(served, "/v1/models/churn/1/predict", seconds=12, connections=4)
+    time.sleep(2)
+    assert ssh(served, f"kill -9 {victim['pid']}").returncode == 0
+    # While worker 0 is down or loading its models, new connections reach the other workers
+    # through the one shared accept queue.
+    codes = [code for code, _ in post(served, "/v1/models/fraud/1/predict", count=20)]
+    assert codes == [200] * 20, codes
+    requests, _ = wrk_result(load)
+    assert requests > 0
+    deadline = time.monotonic() + 120
+    while True:
+        now = {w["index"]: w for w in workers(served)}
+        back = now[0]
+        if back["active"] == "active" and back.get("ready") and back["pid"] not in (None, victim["pid"]):
+            break
+        assert time.monotonic() < deadline, f"worker 0 did not come back: {back}"
+        time.sleep(2)
+    assert back["restarts"] == (victim["restarts"] or 0) + 1
+    assert all(now[i]["pid"] == before[i]["pid"] for i in now if i != 0)
