@@ -29,6 +29,9 @@ def lab_requirements() -> None:
 # molecule scenario, the tests with servers of their own, the unit tests) is a unit of its
 # own. (xdist's own xdist_group mark does not take effect with this pytest.)
 SHARED_LAB = ("test_lab.py", "test_storage.py", "test_up.py", "test_host_tuning.py")
+# Files whose tests share a lab server of their own (a module fixture): one unit each, so the
+# server is booted once, on one worker, beside the shared-lab unit.
+OWN_LAB = ("test_serving.py",)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -38,6 +41,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class SharedLabScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            return "shared-lab" if name in SHARED_LAB else nodeid
+            if name in SHARED_LAB:
+                return "shared-lab"
+            return name if name in OWN_LAB else nodeid
 
     return SharedLabScheduling(config, log)
