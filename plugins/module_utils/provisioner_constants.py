@@ -51,3 +51,6 @@ VENV_REFUSED = SYSTEM_DIRECTORIES + ("/usr/local", "/opt", "/srv")
 SERVING_MEMORY_SHARE = 0.5
 MAX_SERVING_MEMORY_SHARE = 0.9
 SERVING_WORKER_OVERHEAD_BYTES = 512 * 1024**2
+# The model server's worker template (roles/serving); roles allocator and mlstack add the
+# serving pieces they own to their own lists when a host serves, so no play undoes another.
+SERVING_TEMPLATE_UNIT = "provisioner-serve@.service"

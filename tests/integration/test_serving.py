@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "molecule" / "serving" / "files" / "models"
 NAME = "pv-serve"
 PORT = 8300
+RUNS: dict[str, dict] = {}  # the fixture's two `up` runs
 
 
 def cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -118,26 +119,42 @@ def served(lab_requirements):
     wheelhouse = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt", "serving"]).path
     server = lab.up(NAME)
     try:
-        inv = str(server.inventory)
-        rc, _, r = cli_json(
+        # The roles the server needs, jemalloc for its workers included (role allocator's play
+        # and serving's both own that drop-in: the second run proves neither undoes the other).
+        args = (
             "up",
             "-i",
-            inv,
+            str(server.inventory),
             "--tags",
-            "common,mlstack,serving",
+            "common,mlstack,allocator,serving",
             "--no-smoke",
             "-e",
             f"mlstack_wheelhouse={wheelhouse}",
             "-e",
             "serving_enabled=true",
             "-e",
+            "serving_jemalloc=true",
+            "-e",
             sources(("fraud", "1"), ("fraud", "2"), ("churn", "1")),
-            timeout=1200,
         )
+        rc, first, r = cli_json(*args, timeout=1200)
         assert rc == ExitCode.OK, r.stdout[-3000:] + r.stderr
+        rc, second, r = cli_json(*args, timeout=900)
+        assert rc == ExitCode.OK, r.stdout[-3000:] + r.stderr
+        RUNS.update(first=first, second=second)
         yield server
     finally:
         lab.down(NAME)
+
+
+def test_a_second_up_changes_nothing_and_verifies(served):
+    first, second = RUNS["first"], RUNS["second"]
+    assert first["hosts"][served.name]["changed"] > 0
+    assert second["hosts"][served.name]["changed"] == 0, second["hosts"]
+    assert second["verify"]["exit_code"] == ExitCode.OK, second["verify"]
+    # The workers got jemalloc through role allocator's drop-in of their template.
+    [pid] = ssh(served, "systemctl show -p MainPID --value provisioner-serve@0.service").stdout.split()
+    assert "libjemalloc" in ssh(served, f"cat /proc/{pid}/maps").stdout
 
 
 def test_a_listen_address_beyond_loopback_is_refused_before_any_change(served):
