@@ -154,9 +154,18 @@ def roles_for_tags(tags: Sequence[str] = (), skip_tags: Sequence[str] = ()) -> t
     return tuple(r for r in roles if not tagged(r, skip_tags))
 
 
-def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] | None = None) -> VerifyResult:
-    """Run the checks of the given roles (default: those site.yml applies) on every host of the inventory."""
+def verify(
+    inventory: Path,
+    *,
+    limit: str | None = None,
+    roles: tuple[str, ...] | None = None,
+    extravars: dict[str, Any] | None = None,
+) -> VerifyResult:
+    """Run the checks of the given roles (default: those site.yml applies) on every host of the
+    inventory; `extravars` are the run's -e options, which the checks read over the inventory's."""
     import pytest
+
+    from . import checks
 
     engine.inventory_hosts(inventory)  # a malformed inventory is refused first
     engine.ensure_tools_on_path()  # testinfra's ansible backend runs ansible-inventory
@@ -175,6 +184,11 @@ def verify(inventory: Path, *, limit: str | None = None, roles: tuple[str, ...] 
         "python_files=test_*.py",
     ]
     sink = io.StringIO()
-    with redirect_stdout(sink), redirect_stderr(sink), engine.shared_ssh_masters():
-        pytest.main(args, plugins=[collector])
+    checks.EXTRA_VARS.clear()
+    checks.EXTRA_VARS.update(extravars or {})
+    try:
+        with redirect_stdout(sink), redirect_stderr(sink), engine.shared_ssh_masters():
+            pytest.main(args, plugins=[collector])
+    finally:
+        checks.EXTRA_VARS.clear()
     return VerifyResult(collector.results)

@@ -23,6 +23,10 @@ from .. import paths
 
 PLAN_FILE = "/etc/provisioner/plan.json"
 
+# The run's extra variables (`provisioner up -e KEY=VALUE`), set by provisioner.verify for the
+# checks that follow that run: as in Ansible, they win over the inventory.
+EXTRA_VARS: dict[str, Any] = {}
+
 
 def applied_plan(host: Any) -> dict[str, Any]:
     """The plan recorded on the target by the last run ({} before the first)."""
@@ -31,12 +35,14 @@ def applied_plan(host: Any) -> dict[str, Any]:
 
 
 def role_vars(host: Any, role: str) -> dict[str, Any]:
-    """The role's options for this host: defaults, inventory overrides, plan-derived values."""
+    """The role's options for this host: defaults, inventory overrides, the run's extra
+    variables, plan-derived values."""
     defaults = yaml.safe_load((paths.ROLES / role / "defaults" / "main.yml").read_text()) or {}
     try:
         inventory = host.ansible.get_variables()
     except Exception:  # not an ansible:// host: defaults only
         inventory = {}
+    inventory = {**inventory, **EXTRA_VARS}
     prefix = f"{role}_"
     merged = {**defaults, **{k: v for k, v in inventory.items() if k.startswith(prefix)}}
     if any(isinstance(v, str) and "{{" in v for v in merged.values()):

@@ -12,6 +12,7 @@ import yaml
 
 from provisioner import paths
 from provisioner.checks import as_root, role_vars
+from provisioner.constants import SERVING_TEMPLATE_UNIT
 
 _VARS = yaml.safe_load((paths.ROLES / "allocator" / "vars" / "main.yml").read_text())
 DROPIN_NAME = _VARS["_allocator_dropin_name"]
@@ -22,7 +23,13 @@ LIBRARY_NAME = _VARS["_allocator_library_name"]
 @pytest.fixture()
 def allocator(host):
     values = role_vars(host, "allocator")
-    values["units"] = sorted({s if s.endswith(".service") else f"{s}.service" for s in values["allocator_services"]})
+    units = {s if s.endswith(".service") else f"{s}.service" for s in values["allocator_services"]}
+    # The model server's worker template, where role serving deploys with jemalloc (through
+    # this role's tasks: the allocator play keeps that drop-in).
+    serving = role_vars(host, "serving")
+    if serving["serving_jemalloc"] and (serving["serving_enabled"] or serving["serving_model_sources"]):
+        units.add(SERVING_TEMPLATE_UNIT)
+    values["units"] = sorted(units)
     values["originals"] = f"{role_vars(host, 'common')['common_state_dir']}/originals/allocator.json"
     return values
 
@@ -34,6 +41,11 @@ def library(host, allocator):
     found = [f for f in files if f.endswith(f"/{LIBRARY_NAME}")]
     assert found, f"{allocator['allocator_package']} ships no {LIBRARY_NAME}"
     return host.check_output(f"realpath -e {found[0]}")
+
+
+def _opted_in(unit: str, units: list[str]) -> bool:
+    """A unit opted in by name, or an instance (name@x.service) of an opted-in template."""
+    return unit in units or re.sub(r"@[^@]*\.service$", "@.service", unit) in units
 
 
 def _systemd(host) -> bool:
@@ -97,11 +109,16 @@ def test_systemd_gives_ld_preload_only_to_opted_in_services(host, allocator, lib
     if not _systemd(host):
         pytest.skip("systemd is not PID 1 here")
     listed = host.check_output("systemctl list-units --type=service --all --no-legend --plain").splitlines()
-    loaded = sorted({line.split()[0] for line in listed if line.strip()} | set(allocator["units"]))
+    named = {u for u in allocator["units"] if not u.endswith("@.service")}  # templates show through their instances
+    loaded = sorted({line.split()[0] for line in listed if line.strip()} | named)
     environments = _show(host, loaded, "Environment")
     preloaded = sorted(u for u, env in environments.items() if "LD_PRELOAD=" in env)
-    assert preloaded == allocator["units"], f"LD_PRELOAD set for {preloaded}, opted in: {allocator['units']}"
+    assert all(_opted_in(u, allocator["units"]) for u in preloaded), (
+        f"LD_PRELOAD set for {preloaded}, opted in: {allocator['units']}"
+    )
     for unit in allocator["units"]:
+        if unit.endswith("@.service"):  # a template: its instances carry it (checked above)
+            continue
         assert f"LD_PRELOAD={library}" in environments[unit].split()
 
 
