@@ -422,3 +422,33 @@ def test_main_writes_the_textfile_and_refuses_a_missing_directory(tmp_path, caps
     assert 'provisioner_setting_drifted{role="cpu_tuning",setting="swappiness"} 0.0' in text
     assert "CPU governor" not in text  # not applicable: absent
     assert status.main([*args[:-1], str(tmp_path / "none")]) == 2
+
+
+def test_file_probe_compares_the_content_by_sha256(tmp_path):
+    import hashlib
+
+    path = write(tmp_path, "/etc/provisioner/serving/serving.json", '{"schema": 1}\n')
+    digest = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    check = {"name": "config", "probe": "file", "path": "/etc/provisioner/serving/serving.json", "expected": digest}
+    assert status.Probes(str(tmp_path)).measure(check) == (digest, "ok", "")
+    path.write_text('{"schema": 1, "port": 80}\n')
+    live, state, reason = status.Probes(str(tmp_path)).measure(check)
+    assert state == "drifted" and live != digest and "changed since the role wrote it" in reason
+    path.unlink()
+    assert status.Probes(str(tmp_path)).measure(check) == (None, "drifted", "/etc/provisioner/serving/serving.json is gone")
+
+
+def test_unit_probe_reads_active_and_enabled(tmp_path, monkeypatch):
+    check = {"name": "u", "probe": "unit", "unit": "provisioner-serve@0.service", "expected": "active enabled"}
+    assert status.Probes(str(tmp_path)).measure(check)[1] == "not applicable"
+    write(tmp_path, "/proc/1/comm", "systemd\n")
+    (tmp_path / "run/systemd/system").mkdir(parents=True)
+    answers = {"is-active": "failed\n", "is-enabled": "enabled\n"}
+    monkeypatch.setattr(status, "run", lambda argv, timeout=60: (3, answers[argv[1]], ""))
+    assert status.Probes(str(tmp_path)).measure(check) == (
+        "failed enabled",
+        "drifted",
+        "provisioner-serve@0.service is failed enabled",
+    )
+    answers["is-active"] = "active\n"
+    assert status.Probes(str(tmp_path)).measure(check) == ("active enabled", "ok", "")

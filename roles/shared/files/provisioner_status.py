@@ -25,6 +25,7 @@ for the textfile when it is importable); shipped by role shared.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -486,6 +487,28 @@ class Probes:
         return live, OK, ""
 
     # the ML stack's doctor
+    # systemd units: "active enabled" (or whatever states the role expects)
+    def probe_unit(self, check: dict[str, Any], expected: str) -> Reading:
+        if not systemd_is_pid1(self.root):
+            return None, NOT_APPLICABLE, "not applicable: systemd is not PID 1"
+        unit = check["unit"]
+        _, active, _ = run(["systemctl", "is-active", unit])
+        _, enabled, _ = run(["systemctl", "is-enabled", unit])
+        live = f"{active.strip() or 'unknown'} {enabled.strip() or 'unknown'}"
+        return compare(live, expected, f"{unit} is {live}")
+
+    # a file the role writes: its content by SHA-256
+    def probe_file(self, check: dict[str, Any], expected: str) -> Reading:
+        path = check["path"]
+        try:
+            with open(self.path(path), "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        except FileNotFoundError:
+            return None, DRIFTED, f"{path} is gone"
+        except OSError as exc:
+            return None, DRIFTED, f"cannot read {path}: {exc.strerror}"
+        return compare(f"sha256:{digest}", expected, f"{path} was changed since the role wrote it")
+
     def probe_doctor(self, check: dict[str, Any], expected: str) -> Reading:
         command = check.get("command", "/opt/mlstack/bin/mlstack-doctor")
         if not os.path.isfile(self.path(command)):
