@@ -48,6 +48,17 @@ def _opted_in(unit: str, units: list[str]) -> bool:
     return unit in units or re.sub(r"@[^@]*\.service$", "@.service", unit) in units
 
 
+def _instances(host, units: list[str]) -> list[str]:
+    """The units, each template (name@.service) replaced by its loaded instances."""
+    out = [u for u in units if not u.endswith("@.service")]
+    templates = [u for u in units if u.endswith("@.service")]
+    if templates:
+        patterns = " ".join(shlex.quote(t.replace("@.service", "@*.service")) for t in templates)
+        listed = host.check_output(f"systemctl list-units --all --no-legend --plain {patterns}").splitlines()
+        out += [line.split()[0] for line in listed if line.strip()]
+    return sorted(out)
+
+
 def _systemd(host) -> bool:
     return host.file("/run/systemd/system").is_directory
 
@@ -125,7 +136,7 @@ def test_systemd_gives_ld_preload_only_to_opted_in_services(host, allocator, lib
 def test_running_services_load_jemalloc(host, allocator, library):
     if not _systemd(host) or not allocator["units"]:
         pytest.skip("no opted-in services under systemd here")
-    pids = {u: int(p) for u, p in _show(host, allocator["units"], "MainPID").items()}
+    pids = {u: int(p) for u, p in _show(host, _instances(host, allocator["units"]), "MainPID").items()}
     running = {u: p for u, p in pids.items() if p > 0}
     if not running:
         pytest.skip(f"none of {allocator['units']} is running")

@@ -244,3 +244,24 @@ def test_a_killed_worker_is_restarted_while_the_others_answer(served):
         time.sleep(2)
     assert back["restarts"] == (victim["restarts"] or 0) + 1
     assert all(now[i]["pid"] == before[i]["pid"] for i in now if i != 0)
+
+
+def test_status_names_a_stopped_worker_and_an_edited_config(served):
+    inv = str(served.inventory)
+    rc, data, r = cli_json("status", "-i", inv)
+    assert rc == ExitCode.OK, r.stdout[-2000:] + r.stderr
+    ours = [s for s in data["hosts"][served.name]["settings"] if s["role"] == "serving"]
+    assert {s["name"] for s in ours} >= {"unit provisioner-serve.socket", "unit provisioner-serve@0.service"}
+    assert all(s["state"] == "ok" for s in ours), ours
+    stopped = ssh(
+        served, "systemctl stop provisioner-serve@1.service && echo '# edited' >> /etc/provisioner/serving/serving.json"
+    )
+    assert stopped.returncode == 0, stopped.stderr
+    try:
+        rc, data, r = cli_json("status", "-i", inv)
+        assert rc == ExitCode.HOST_FAILED, r.stdout[-2000:] + r.stderr
+        drifted = {s["name"]: s for s in data["hosts"][served.name]["settings"] if s["state"] == "drifted"}
+        assert set(drifted) == {"unit provisioner-serve@1.service", "file /etc/provisioner/serving/serving.json"}, drifted
+        assert drifted["unit provisioner-serve@1.service"]["live"].startswith("inactive")
+    finally:
+        ssh(served, "sed -i '/^# edited$/d' /etc/provisioner/serving/serving.json; systemctl start provisioner-serve@1.service")
