@@ -265,3 +265,52 @@ def test_status_names_a_stopped_worker_and_an_edited_config(served):
         assert drifted["unit provisioner-serve@1.service"]["live"].startswith("inactive")
     finally:
         ssh(served, "sed -i '/^# edited$/d' /etc/provisioner/serving/serving.json; systemctl start provisioner-serve@1.service")
+
+
+# Trained on the lab server with its own ML environment (catboost comes with the gbdt component;
+# the control node's test environment has no catboost): a version to roll in from there.
+CATBOOST_TRAIN = """
+import json, os, sys
+import numpy as np
+from catboost import CatBoostRegressor
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(3)
+x = rng.random((2000, 4), dtype=np.float32)
+y = x @ np.array([1.0, -2.0, 0.5, 3.0], dtype=np.float32)
+model = CatBoostRegressor(iterations=50, depth=4, verbose=False, thread_count=1).fit(x, y)
+model.save_model(os.path.join(out, "model.cbm"), format="cbm")
+json.dump({"framework": "catboost", "file": "model.cbm", "features": ["a", "b", "c", "d"]},
+          open(os.path.join(out, "metadata.json"), "w"))
+print(float(model.predict(np.full((1, 4), 0.5, dtype=np.float32))[0]))
+"""
+
+
+def test_a_catboost_version_trained_on_the_host_serves_the_same_prediction(served, tmp_path):
+    trained = ssh(
+        served,
+        " ".join(shlex.quote(a) for a in ("/opt/mlstack/bin/python", "-c", CATBOOST_TRAIN, "/tmp/cb1")),
+        timeout=300,
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    expected = float(trained.stdout.split()[-1])
+    local = tmp_path / "cb1"
+    local.mkdir()
+    for name in ("model.cbm", "metadata.json"):
+        copied = subprocess.run(
+            ["scp", "-F", str(served.ssh_config), f"{served.name}:/tmp/cb1/{name}", str(local / name)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert copied.returncode == 0, copied.stderr
+    rc, _, r = cli_json("serve", "load", "ranker/1", "--from", str(local), "-i", str(served.inventory), timeout=600)
+    assert rc == ExitCode.OK, r.stdout[-2000:] + r.stderr
+    body = json.dumps({"features": {"a": 0.5, "b": 0.5, "c": 0.5, "d": 0.5}})
+    command = " ".join(
+        shlex.quote(a) for a in ("python3", "-c", POST_SCRIPT, f"http://127.0.0.1:{PORT}/v1/models/ranker/1/predict", body, "1")
+    )
+    answer = ssh(served, command)
+    code, _, text = answer.stdout.strip().partition(" ")
+    assert code == "200", answer.stdout + answer.stderr
+    assert json.loads(text)["prediction"] == pytest.approx(expected, rel=1e-5)
