@@ -20,11 +20,11 @@ machine is shared and noisy. --python runs the servers in another environment (t
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -109,24 +109,18 @@ end
 """
 
 
-def free_base(count: int) -> int:
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        try:
-            held = []
-            for port in range(base, base + count):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    sys.exit("no free loopback ports")
+def _free_ports():
+    """free_ports of the smoke script, which starts the same throwaway servers on a host."""
+    spec = importlib.util.spec_from_file_location(
+        "provisioner_smoke", ROOT / "roles" / "smoke" / "files" / "provisioner_smoke.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.free_ports
+
+
+free_base = _free_ports()
 
 
 def wait_http(url: str, procs: list[subprocess.Popen[bytes]], timeout: float = 120.0) -> None:

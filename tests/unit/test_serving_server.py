@@ -107,27 +107,18 @@ def pad(directory: Path, size: int = PAD) -> None:
 # Servers and HTTP
 
 
-def free_base(count: int) -> int:
-    """A port p with p .. p+count-1 free on 127.0.0.1."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no free run of loopback ports")
+def _smoke_script():
+    """The smoke script, whose free_ports the throwaway servers on the hosts use too."""
+    spec = importlib.util.spec_from_file_location(
+        "provisioner_smoke", ROOT / "roles" / "smoke" / "files" / "provisioner_smoke.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+free_base = _smoke_script().free_ports  # a port p with p .. p+count-1 free on 127.0.0.1
 
 
 def write_config(
