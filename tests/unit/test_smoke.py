@@ -746,6 +746,17 @@ def test_without_wrk_the_serving_workload_is_skipped_naming_the_package(script, 
     assert script.serving(None, {}) == {"skipped": "wrk is not installed (the Debian package wrk; role common installs it)"}
 
 
+@pytest.mark.parametrize("absent", ["starlette", "uvicorn", "prometheus_client"])
+def test_without_the_serving_component_the_serving_workload_is_skipped_naming_it(script, monkeypatch, absent):
+    """The default stack (core, gbdt) has no HTTP layer: a skip naming the component, not a failure."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == absent else real(name, *a))
+    result = script.w_serving_model({"profile": "quick", "serve_script": "unused", "train": True})
+    assert result == {"skipped": f"{absent} is not installed in this environment (component serving)"}
+
+
 def test_free_ports_are_consecutive_and_free(script):
     import socket
 

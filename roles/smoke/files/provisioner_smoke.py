@@ -848,6 +848,10 @@ def _limits(threads: int | None):
     return threadpool_limits(limits=threads)
 
 
+# What the model server imports from the ML environment (the mlstack component serving).
+SERVING_MODULES = ("starlette", "uvicorn", "prometheus_client")
+
+
 def _missing(module: str, component: str) -> dict[str, Any] | None:
     import importlib.util
 
@@ -1274,9 +1278,10 @@ def _serve_module(path: str):
 def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
     """Train the smoke model into the throwaway registry (train: true), then time single-row
     predicts in this process through the model server's own loader and predict path, one thread."""
-    missing = _missing("xgboost", "gbdt")
-    if missing:
-        return missing
+    for module, component in (("xgboost", "gbdt"), *((m, "serving") for m in SERVING_MODULES)):
+        missing = _missing(module, component)
+        if missing:
+            return missing
     import numpy as np
 
     s = PROFILES[p["profile"]]
