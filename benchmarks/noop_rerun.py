@@ -6,7 +6,9 @@ Boots a lab server (or takes the one named with --server, already up), converges
 `provisioner up --no-verify --no-smoke` from the wheelhouse, then re-runs the same command
 --runs times with Ansible's profile_tasks callback. Prints the wall time of the command (median
 and range), the seconds ansible-playbook itself took, the task count (ok / skipped / changed)
-and the ten slowest tasks of the median run as profile_tasks measured them.
+and the ten slowest tasks of the median run as profile_tasks measured them. Then times
+`provisioner status` on the converged server the same number of times (goal: 5 s per host for
+the status script).
 
 Figures, never pass/fail: the lab server shares this machine's cores, so medians are printed.
 """
@@ -52,6 +54,16 @@ def up(inventory: str, offline: tuple[str, ...], profile: bool) -> tuple[float, 
     return seconds, json.loads(r.stdout)["data"]
 
 
+def status(inventory: str, name: str) -> tuple[float, float]:
+    """Wall seconds of `provisioner status` and the seconds its script took on the host."""
+    started = time.monotonic()
+    r = subprocess.run([*CLI, "status", "-i", inventory, "--json"], capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if r.returncode != 0:
+        sys.exit(f"provisioner status found drift or failed ({r.returncode}): {r.stdout.strip()[-2000:]}")
+    return seconds, json.loads(r.stdout)["data"]["hosts"][name]["seconds"]
+
+
 def profile(artifact_dir: Path) -> list[tuple[str, float]]:
     """The tasks and their seconds, slowest first, from profile_tasks' summary."""
     text = (artifact_dir / "stdout").read_text()
@@ -83,6 +95,7 @@ def main() -> None:
             if host["changed"]:
                 sys.exit(f"the re-run changed {host['changed']} task(s) on a converged server: {out['changes']}")
             runs.append((seconds, out["seconds"], host, Path(out["artifact_dir"])))
+        statuses = [status(inv, name) for _ in range(args.runs)]
     finally:
         if made and not args.keep:
             lab.down(name)
@@ -103,6 +116,11 @@ def main() -> None:
     print("top ten tasks (profile_tasks, median run):")
     for task, seconds in tasks[:10]:
         print(f"  {seconds:6.2f} s  {task}")
+    script = statistics.median(s for _, s in statuses)
+    print(
+        f"provisioner status, median of {len(statuses)}: {statistics.median(w for w, _ in statuses):.1f} s wall, "
+        f"the status script {script:.1f} s on the host ({script / 5:.0%} of the 5 s goal)"
+    )
 
 
 if __name__ == "__main__":
