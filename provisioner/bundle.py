@@ -58,8 +58,12 @@ TORCH_INDEX_PACKAGES = frozenset({"torch", "torchvision", "torchaudio"})
 
 # Components in install order; core is always part of a selection (the doctor needs numpy and
 # threadpoolctl). The requirements are the input of generate_lock; the lock records them.
-COMPONENTS: tuple[str, ...] = ("core", "gbdt", "torch", "hpo", "distributed", "serving", "notebook", "sklearnex")
+COMPONENTS: tuple[str, ...] = ("core", "gbdt", "torch", "hpo", "serving", "tensorflow", "distributed", "notebook", "sklearnex")
 ALWAYS = ("core",)
+# What roles/mlstack installs unless told otherwise (mlstack_components) and what
+# `provisioner bundle` downloads without -c: the tabular stack, PyTorch, Optuna and the model
+# server; tensorflow, distributed (Ray), notebook and sklearnex are opt-in.
+DEFAULT_COMPONENTS: tuple[str, ...] = ("core", "gbdt", "torch", "hpo", "serving")
 DEFAULT_REQUIREMENTS: dict[str, list[str]] = {
     "core": ["numpy", "scipy", "pandas", "polars", "pyarrow", "scikit-learn", "threadpoolctl"],
     # xgboost-cpu: the CPU-only XGBoost wheel; plain xgboost pulls CUDA libraries.
@@ -68,7 +72,9 @@ DEFAULT_REQUIREMENTS: dict[str, list[str]] = {
     "torch": ["torch==2.13.0+cpu"],
     "hpo": ["optuna"],
     "distributed": ["ray[tune]"],
-    "serving": ["fastapi", "uvicorn[standard]"],
+    "serving": ["fastapi", "uvicorn[standard]", "prometheus-client"],
+    # The CPU-only TensorFlow build (oneDNN inside); plain tensorflow is the same code with GPU support.
+    "tensorflow": ["tensorflow-cpu"],
     "notebook": ["jupyterlab", "ipykernel"],
     "sklearnex": ["scikit-learn-intelex"],
 }

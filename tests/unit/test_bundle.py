@@ -127,6 +127,9 @@ def test_repository_lock_is_complete_and_cpu_only():
     assert {"fastapi", "uvicorn"} <= {p.name for p in real.components["serving"]}
     assert {"jupyterlab", "ipykernel"} <= {p.name for p in real.components["notebook"]}
     assert "scikit-learn-intelex" in {p.name for p in real.components["sklearnex"]}
+    tensorflow = {p.name for p in real.components["tensorflow"]}
+    assert "tensorflow-cpu" in tensorflow and "tensorflow" not in names, "plain tensorflow is the GPU-capable build"
+    assert "keras" in tensorflow and names["numpy"] == "2.4.6", "tensorflow shares the stack's numpy"
     # Each component's closure holds its own requirements.
     for component, reqs in real.requirements.items():
         have = {p.name for p in real.components[component]}
@@ -436,11 +439,13 @@ def test_doctor_runs_here_with_threadpoolctl_missing_or_present(tmp_path, capsys
     cpuinfo.write_text("vendor_id : GenuineIntel\nmodel name : Test\nflags : avx avx2 fma\n")
     manifest = tmp_path / "mlstack.json"
     manifest.write_text(json.dumps({"components": ["core"]}))
-    rc = doctor.main(["--json", "--cpuinfo", str(cpuinfo), "--manifest", str(manifest), "--plan", str(tmp_path / "no-plan")])
+    rc = doctor.main(["--json", "--cpuinfo", str(cpuinfo), "--manifest", str(manifest), "--plan", str(tmp_path / "no-plan"),
+                      "--threads-conf", str(tmp_path / "no-threads.conf")])
     result = json.loads(capsys.readouterr().out)
     assert rc == (0 if result["ok"] else 1)
     assert result["cpu"]["isa"] == "avx2" and result["components"] == ["core"]
-    assert {c["name"] for c in result["checks"]} >= {"imports", "blas-choice", "blas-kernel", "openmp", "threads"}
+    assert {c["name"] for c in result["checks"]} >= {"imports", "blas-choice", "blas-kernel", "openmp", "threads",
+                                                     "thread-env"}
 
 
 def test_lock_file_is_valid_yaml_with_a_header():
@@ -496,9 +501,30 @@ def test_role_pip_options_offline_online_and_torch(tmp_path):
     assert online["_mlstack_components"] == ["core", "gbdt", "torch", "sklearnex"]
     assert online["_mlstack_apt_packages"] == ["python3-venv", "libgomp1"]
 
-    no_torch = role_values(tmp_path, names)
+    default = role_values(tmp_path, names)
+    assert default["_mlstack_components"] == list(bundle.DEFAULT_COMPONENTS)
+    assert "https://download.pytorch.org/whl/cpu" in default["_mlstack_pip_args"]
+    no_torch = role_values(tmp_path, names, mlstack_components=["core", "tensorflow", "distributed"])
     assert "https://download.pytorch.org/whl/cpu" not in no_torch["_mlstack_pip_args"]
-    assert no_torch["_mlstack_components"] == ["core", "gbdt"]
+    assert no_torch["_mlstack_components"] == ["core", "tensorflow", "distributed"]
+    assert no_torch["_mlstack_apt_packages"] == ["python3-venv"]
+
+
+def test_the_default_components_are_written_the_same_everywhere():
+    """The role's default, its argument spec, the bundle's default and the role's README name the
+    same components, every one of them in the lock; the doctor knows every component."""
+    default = yaml.safe_load((ROOT / "roles/mlstack/defaults/main.yml").read_text())["mlstack_components"]
+    spec = yaml.safe_load((ROOT / "roles/mlstack/meta/argument_specs.yml").read_text())
+    option = spec["argument_specs"]["main"]["options"]["mlstack_components"]
+    assert default == option["default"] == list(bundle.DEFAULT_COMPONENTS) == ["core", "gbdt", "torch", "hpo", "serving"]
+    assert set(bundle.DEFAULT_COMPONENTS) <= set(bundle.COMPONENTS) <= set(bundle.load_lock().components)
+    readme = (ROOT / "roles/mlstack/README.md").read_text()
+    assert f"mlstack_components: [{', '.join(bundle.DEFAULT_COMPONENTS)}]" in readme
+    described = " ".join(option["description"])
+    for component in bundle.COMPONENTS:
+        assert f"{component} (" in described, f"argument_specs does not describe component {component}"
+        assert f"| {component}" in readme, f"the role README's table lacks component {component}"
+    assert set(doctor.COMPONENT_MODULES) == set(bundle.COMPONENTS) == set(doctor.COMPONENT_ORDER)
 
 
 def test_constraints_name_every_pin_once():
