@@ -145,6 +145,20 @@ def up(
         int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log; every change and check.")
     ] = 0,
     accept_new_host_keys: AcceptNew = False,
+    batch: Annotated[
+        str | None,
+        typer.Option(
+            "--batch",
+            help="Roll over the fleet: each role's play runs on N hosts (or P% of them) at a time, batch after batch.",
+        ),
+    ] = None,
+    max_fail: Annotated[
+        str | None,
+        typer.Option(
+            "--max-fail",
+            help="With --batch: stop the roll when more than P% of a batch failed (0%: at the first failure).",
+        ),
+    ] = None,
 ) -> None:
     """Provision: discover, plan, apply the roles, verify, then prove it with the smoke test. Re-running changes nothing."""
     _finish(
@@ -163,6 +177,8 @@ def up(
             verbosity=verbose,
             accept_new_host_keys=accept_new_host_keys,
             on_progress=on_progress,
+            batch=batch,
+            max_fail=max_fail,
         ),
         lambda outcome: render.up(outcome, verbose=bool(verbose)),
         progress=True,

@@ -107,13 +107,21 @@ def up(
     verbosity: int = 0,
     accept_new_host_keys: bool = False,
     on_progress: ProgressCallback | None = None,
+    batch: str | None = None,
+    max_fail: str | None = None,
 ) -> Result[UpOutcome]:
     """Apply site.yml; then, each only while every step before it succeeded: reboot the hosts
-    that need it (when allowed), verify the roles that ran, and (a full run: no tags) smoke-test."""
+    that need it (when allowed), verify the roles that ran, and (a full run: no tags) smoke-test.
+    `batch` (N hosts or P% of them) rolls site.yml's role plays over the fleet batch by batch;
+    `max_fail` (P%) stops the roll when more than that share of a batch failed."""
+    rolling = engine.parse_batch(batch) if batch is not None else None
+    threshold = engine.parse_max_fail(max_fail) if max_fail is not None else None
     inv = engine.resolve_inventory(inventory)
     run = engine.run_playbook(
         "site.yml",
         inv,
+        batch=rolling,
+        max_fail=threshold,
         limit=limit,
         tags=tags,
         skip_tags=skip_tags,

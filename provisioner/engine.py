@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,12 @@ RESERVED_MEMORY_BYTES = 2 * 2**30
 FORKS_ENV = "PROVISIONER_FORKS"
 # An opt-in execution strategy (see _strategy_env).
 STRATEGY_ENV = "PROVISIONER_STRATEGY"
+
+# Rolling runs: the extra vars site.yml's role plays read as `serial` and `max_fail_percentage`
+# (unset: every host at once, no threshold).
+SERIAL_VAR = "provisioner_serial"
+MAX_FAIL_VAR = "provisioner_max_fail_percentage"
+_BATCH_RE = re.compile(r"^\s*(\d+)\s*(%?)\s*$")
 
 
 # ---------------------------------------------------------------- validation
@@ -190,6 +197,59 @@ def forks_for(hosts: int, available_memory: int | None = None, override: str | N
         available_memory = int(psutil.virtual_memory().available)
     bound = max(1, (available_memory - RESERVED_MEMORY_BYTES) // FORK_MEMORY_BYTES)
     return max(1, min(hosts, bound))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A rolling run's batch size as given: a number of hosts, or a share of the fleet."""
+
+    value: int
+    percent: bool
+
+    def __str__(self) -> str:
+        return f"{self.value}{'%' if self.percent else ''}"
+
+    def hosts(self, fleet: int) -> int:
+        """Hosts per batch in a fleet of `fleet` (a share rounds down, as Ansible's serial does,
+        and is at least one host); refused when it is none or more than the fleet."""
+        if self.value == 0:
+            raise BadInput(f"--batch {self}: a batch of no hosts never ends; give 1 or more hosts, or a share like 25%")
+        if self.percent:
+            if self.value > 100:
+                raise BadInput(f"--batch {self}: more than the whole fleet; give a share from 1% to 100%")
+            return max(1, fleet * self.value // 100)
+        if self.value > fleet:
+            raise BadInput(
+                f"--batch {self}: more hosts than the {fleet} this run reaches; give 1 to {fleet}, or a share like 25%"
+            )
+        return self.value
+
+
+def parse_batch(value: str) -> Batch:
+    """`--batch N` (hosts) or `--batch P%` (a share of the fleet); anything else is refused."""
+    m = _BATCH_RE.match(value)
+    if not m:
+        raise BadInput(f"--batch {value!r} is not a number of hosts or a share: give e.g. --batch 10 or --batch 25%")
+    return Batch(int(m[1]), bool(m[2]))
+
+
+def parse_max_fail(value: str) -> int:
+    """`--max-fail P%`: the share of a batch's hosts that may fail before the roll stops (0-100)."""
+    m = _BATCH_RE.match(value)
+    if not m or int(m[1]) > 100:
+        raise BadInput(f"--max-fail {value!r} is not a share from 0% to 100%: give e.g. --max-fail 10% (0%: stop at the first failure)")
+    return int(m[1])
+
+
+def fleet_hosts(inventory: Path, limit: str | None) -> list[str]:
+    """The hosts a run reaches: the inventory's, narrowed by --limit as Ansible reads the pattern."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
+    if limit:
+        manager.subset(limit)
+    return [h.name for h in manager.get_hosts("all")]
 
 
 class _Multiplexer:
@@ -331,15 +391,33 @@ def run_playbook(
     accept_new_host_keys: bool = False,
     on_progress: ProgressCallback | None = None,
     forks: int | None = None,
+    batch: Batch | None = None,
+    max_fail: int | None = None,
 ) -> RunResult:
     """Run playbooks/<playbook> and return per-host results; raise BadInput for bad input.
-    `forks` defaults to forks_for(the inventory's hosts)."""
+    `forks` defaults to forks_for(the inventory's hosts, or a batch's). `batch` and `max_fail`
+    make a rolling run (site.yml's role plays read them as serial and max_fail_percentage):
+    a batch of no hosts or of more than the run reaches is refused here, before any host is touched."""
     import ansible_runner
 
     check_tags(tags, skip_tags)
     hostvars = inventory_hosts(inventory)  # refuse a malformed inventory before any host is touched
+    parallel = len(hostvars)
+    extravars = dict(extravars or {})
+    rolling: dict[str, int] = {}
+    if batch is not None:
+        fleet = fleet_hosts(inventory, limit)
+        if not fleet:
+            raise BadInput(f"--limit {limit} matches no host of {inventory}: name hosts or groups the inventory has")
+        parallel = rolling["hosts_per_batch"] = batch.hosts(len(fleet))
+        rolling["fleet"] = len(fleet)
+        extravars[SERIAL_VAR] = parallel
+    if max_fail is not None:
+        if batch is None:
+            raise BadInput(f"--max-fail {max_fail}% stops a rolling run: give --batch N or --batch P% with it")
+        rolling["max_fail_percentage"] = extravars[MAX_FAIL_VAR] = max_fail
     if forks is None:
-        forks = forks_for(len(hostvars), override=os.environ.get(FORKS_ENV))
+        forks = forks_for(parallel, override=os.environ.get(FORKS_ENV))
     book = paths.PLAYBOOKS / playbook
     if not book.exists():
         raise ProvisionerError(f"playbook {book} is missing: reinstall provisioner")
@@ -366,7 +444,7 @@ def run_playbook(
             limit=limit,
             tags=",".join(tags) or None,
             skip_tags=",".join(skip_tags) or None,
-            extravars=extravars or {},
+            extravars=extravars,
             cmdline=cmdline.strip() or None,
             envvars=_run_env(accept_new_host_keys),
             forks=forks,
@@ -386,11 +464,13 @@ def run_playbook(
         # ansible-playbook stopped before reaching any host: bad input.
         stdout = runner.stdout.read() if runner.stdout else ""
         raise BadInput(f"{_first_error(stdout)} (log: {artifact_dir / 'stdout'})")
+    collector.mark_not_reached()
     return RunResult(
         playbook=playbook,
         check=check,
         rc=runner.rc,
         hosts=collector.hosts,
+        batch=rolling,
         facts=collector.facts,
         changes=collector.changes,
         artifact_dir=artifact_dir,
@@ -443,6 +523,15 @@ class _EventCollector:
         self.hosts: dict[str, HostResult] = {}
         self.facts: dict[str, dict[str, Any]] = {}
         self.changes: list[Change] = []
+        self.reached: dict[str, int] = {}  # host -> the furthest play it ran a task in
+
+    def mark_not_reached(self) -> None:
+        """Hosts a stopped rolling run never got to: neither failed nor unreachable, yet short
+        of the furthest play another host ran (their batch came after the roll stopped)."""
+        furthest = max(self.reached.values(), default=-1)
+        for name, host in self.hosts.items():
+            if not host.failed and not host.unreachable and self.reached.get(name, -1) < furthest:
+                host.not_reached = True
 
     def _host(self, name: str) -> HostResult:
         if name not in self.hosts:
@@ -463,6 +552,8 @@ class _EventCollector:
         res = data.get("res", {}) or {}
         if kind == "runner_on_start":
             host.task = task
+            position = self.plays.get(_play_id(data), -1)
+            self.reached[host_name] = max(self.reached.get(host_name, -1), position)
         elif kind == "runner_on_ok":
             self._ok(host, task, res)
         elif kind == "runner_on_failed":

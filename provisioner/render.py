@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .runs import Diff, HostResult, RunResult
+from .runs import NOT_REACHED, Diff, HostResult, RunResult, failures_first
 
 if TYPE_CHECKING:
     from .commands import FactsOutcome, StatusRun, UpOutcome
@@ -52,6 +52,7 @@ _STATUS_STYLE = {
     "failed": "red",
     "refused": "red",
     "unreachable": "red",
+    NOT_REACHED: "red",
     "passed": "green",
     "skipped": "dim",
 }
@@ -92,12 +93,30 @@ def live_progress(enabled: bool) -> Iterator[Any]:
         yield update
 
 
+def summary_title(result: RunResult) -> str:
+    """The playbook, its host count, the hosts in each status that occurred, and the batches of a rolling run."""
+    counts = result.counts()
+    total = counts.pop("hosts")
+    shown = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+    title = f"{result.playbook} on {total} host{'s' if total != 1 else ''}" + (f": {shown}" if shown else "")
+    if result.batch:
+        title += f" (batches of {result.batch['hosts_per_batch']}"
+        if "max_fail_percentage" in result.batch:
+            title += f", stop above {result.batch['max_fail_percentage']}% failed"
+        title += ")"
+    if result.check:
+        title += " (check mode: nothing was changed)"
+    return title
+
+
 def run_summary(result: RunResult) -> None:
-    title = f"{result.playbook}{' (check mode: nothing was changed)' if result.check else ''}"
-    table = Table(title=title)
+    """One row per host, failures first (unreachable, failed, refused, not reached), then changed and ok.
+    The title is a line of its own: a fleet's counts would wrap as a title as narrow as the table."""
+    console.print(Text(summary_title(result), style="bold"), soft_wrap=True)
+    table = Table()
     for col in ("host", "status", "ok", "changed", "failed", "unreachable", "skipped"):
         table.add_column(col, justify="left" if col in ("host", "status") else "right")
-    for h in result.hosts.values():
+    for h in failures_first(result.hosts.values()):
         table.add_row(
             Text(h.host),
             Text(h.status, style=_STATUS_STYLE.get(h.status, "")),

@@ -6,7 +6,7 @@ them without knowing anything of Ansible.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ class HostResult:
     refused: int = 0  # failures of the input check: bad input, found before anything changed
     task: str = ""
     errors: list[str] = field(default_factory=list)
+    # A rolling run stopped (too many failures in an earlier batch) before this host's turn.
+    not_reached: bool = False
 
     @property
     def status(self) -> str:
@@ -34,6 +36,8 @@ class HostResult:
             return "refused"
         if self.failed:
             return "failed"
+        if self.not_reached:
+            return NOT_REACHED
         return "changed" if self.changed else "ok"
 
     def to_dict(self) -> dict[str, Any]:
@@ -48,6 +52,16 @@ class HostResult:
             "refused": self.refused,
             "errors": self.errors,
         }
+
+
+NOT_REACHED = "not reached"
+# Failures first: what needs the operator, then what the run stopped short of, then the rest.
+STATUS_ORDER = ("unreachable", "failed", "refused", NOT_REACHED, "changed", "ok")
+
+
+def failures_first(hosts: Iterable[HostResult]) -> list[HostResult]:
+    """Hosts in the order a summary shows them: by STATUS_ORDER, then by name."""
+    return sorted(hosts, key=lambda h: (STATUS_ORDER.index(h.status), h.host))
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,8 @@ class RunResult:
     artifact_dir: Path
     seconds: float
     hostvars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A rolling run (--batch): fleet, hosts_per_batch, max_fail_percentage; empty otherwise.
+    batch: dict[str, int] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> ExitCode:
@@ -89,14 +105,22 @@ class RunResult:
             return ExitCode.UNREACHABLE
         if any(h.status == "refused" for h in self.hosts.values()) and not any(h.status == "failed" for h in self.hosts.values()):
             return ExitCode.BAD_INPUT
-        if any(h.failed for h in self.hosts.values()) or self.rc != 0:
+        if any(h.failed or h.not_reached for h in self.hosts.values()) or self.rc != 0:
             return ExitCode.HOST_FAILED
         return ExitCode.OK
 
+    def counts(self) -> dict[str, int]:
+        """How many hosts ended in each status (every status, zeros included), and in all."""
+        out = {status: 0 for status in STATUS_ORDER}
+        for h in self.hosts.values():
+            out[h.status] += 1
+        return {"hosts": len(self.hosts), **out}
+
     @property
     def errors(self) -> list[str]:
-        """Every host's one-line errors, host by host."""
-        return [e for h in self.hosts.values() for e in h.errors]
+        """Every host's one-line errors, failures first, each naming its host (in a fleet, a
+        task's failure alone does not say where)."""
+        return [e if e.startswith(f"{h.host}: ") else f"{h.host}: {e}" for h in failures_first(self.hosts.values()) for e in h.errors]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,7 +130,10 @@ class RunResult:
             "exit_code": int(self.exit_code),
             "seconds": round(self.seconds, 2),
             "artifact_dir": str(self.artifact_dir),
-            "hosts": {name: h.to_dict() for name, h in self.hosts.items()},
+            "batch": self.batch or None,
+            "summary": self.counts(),
+            # Failures first, as the terminal table shows them.
+            "hosts": {h.host: h.to_dict() for h in failures_first(self.hosts.values())},
             "changes": [c.to_dict() for c in self.changes],
         }
 

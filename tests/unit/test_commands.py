@@ -97,7 +97,7 @@ def test_up_stops_at_a_failed_apply(monkeypatch, tmp_path):
     assert steps.ran == ["site.yml"]
     assert result.exit_code == ExitCode.HOST_FAILED
     assert result.data["verify"] is None and result.data["smoke"] is None
-    assert result.errors == ("a task of site.yml: failed",)
+    assert result.errors == ("web1: a task of site.yml: failed",)
 
 
 def test_up_refused_input_keeps_exit_code_2(monkeypatch, tmp_path):
