@@ -29,28 +29,32 @@ CONF = """# Managed by provisioner
 cores=8
 trials=4
 threads_per_trial=2
-variables="OMP_NUM_THREADS MKL_NUM_THREADS"
-openmp_runtime=libgomp
-polars_threads=8
-ARROW_IO_THREADS='4'
+variables="OMP_NUM_THREADS MKL_NUM_THREADS POLARS_MAX_THREADS"
+scaled="ARROW_IO_THREADS=4 TF_NUM_INTEROP_THREADS=1 PROVISIONER_DATALOADER_WORKERS=2"
+zero_floor="PROVISIONER_DATALOADER_WORKERS"
+fixed="TF_ENABLE_ONEDNN_OPTS=1"
+openmp_runtime=libiomp
+kmp_blocktime=1
 """
 
 
 def test_threads_conf_gives_every_variable_its_value():
     conf = doctor.parse_threads_conf(CONF)
-    assert conf["variables"] == "OMP_NUM_THREADS MKL_NUM_THREADS" and conf["ARROW_IO_THREADS"] == "4"
+    assert conf["fixed"] == "TF_ENABLE_ONEDNN_OPTS=1" and conf["kmp_blocktime"] == "1"
     expected, source = doctor.expected_thread_env(conf, {"threads_per_job": 99})
     assert source == doctor.THREADS_FILE
     assert expected == {"OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "8", "POLARS_MAX_THREADS": "8",
-                        "ARROW_IO_THREADS": "4"}, "threads.conf wins over the plan, and only what it lists"
+                        "ARROW_IO_THREADS": "4", "TF_NUM_INTEROP_THREADS": "1", "PROVISIONER_DATALOADER_WORKERS": "2",
+                        "TF_ENABLE_ONEDNN_OPTS": "1", "KMP_BLOCKTIME": "1"}, \
+        "threads.conf wins over the plan, and only what it lists"
 
 
 def test_a_variable_line_the_doctor_has_never_heard_of_is_checked_too():
-    conf = doctor.parse_threads_conf(CONF + "SOME_NEW_LIB_THREADS=3\n")
+    conf = doctor.parse_threads_conf(CONF.replace('fixed="', 'fixed="NEW_LIB_SWITCH=on ') + "SOME_NEW_LIB_THREADS=3\n")
     expected, _ = doctor.expected_thread_env(conf, {})
-    assert expected["SOME_NEW_LIB_THREADS"] == "3"
-    c = doctor.check_thread_env(expected, "threads.conf", {**dict.fromkeys(expected, "8"), "ARROW_IO_THREADS": "4"})
-    assert c["status"] == "fail" and "SOME_NEW_LIB_THREADS=8 (threads.conf says 3)" in c["detail"]
+    assert expected["SOME_NEW_LIB_THREADS"] == "3" and expected["NEW_LIB_SWITCH"] == "on"
+    c = doctor.check_thread_env(expected, "threads.conf", {**expected, "SOME_NEW_LIB_THREADS": "8"})
+    assert c["status"] == "fail" and c["detail"].startswith("SOME_NEW_LIB_THREADS=8 (threads.conf says 3)")
 
 
 def test_without_threads_conf_the_plan_says():
