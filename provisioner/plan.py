@@ -35,6 +35,16 @@ from provisioner.errors import BadInput
 FACTS_SCHEMA = 1
 GIB = 1024**3
 
+# Arrow's own IO pool size (arrow/util/io_util: 8 threads unless ARROW_IO_THREADS says otherwise).
+ARROW_IO_THREADS = 8
+# Features of the float32 matrix the plan sizes when plan_feature_matrix_features is not given.
+FEATURE_MATRIX_FEATURES = 200
+FLOAT32_BYTES = 4
+# RAM kept free next to the largest feature matrix: a share of the RAM left after hugepages, and
+# at least a floor (the kernel, the page cache of the data being read, the process itself).
+FEATURE_MATRIX_MARGIN_SHARE = 0.2
+FEATURE_MATRIX_MARGIN_MIN_BYTES = 2 * GIB
+
 
 class PlanError(BadInput):
     """Bad options or facts: refused before any host is touched (exit code 2)."""
@@ -67,10 +77,19 @@ class PlanOptions:
     serving_workers: int | None = None
     serving_threads_per_worker: int | None = None
     serving_memory_share: float = SERVING_MEMORY_SHARE
+    dataloader_workers: int | None = None
+    feature_matrix_features: int = FEATURE_MATRIX_FEATURES
+    feature_matrix_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.trials is not None and self.trials < 1:
             raise PlanError(f"plan_trials must be 1 or more (got {self.trials})")
+        if self.dataloader_workers is not None and self.dataloader_workers < 0:
+            raise PlanError(f"plan_dataloader_workers must be 0 or more (got {self.dataloader_workers})")
+        if self.feature_matrix_features < 1:
+            raise PlanError(f"plan_feature_matrix_features must be 1 or more (got {self.feature_matrix_features})")
+        if self.feature_matrix_rows is not None and self.feature_matrix_rows < 1:
+            raise PlanError(f"plan_feature_matrix_rows must be 1 or more (got {self.feature_matrix_rows})")
         if self.thp not in THP_CHOICES:
             raise PlanError(f"plan_thp must be one of {', '.join(THP_CHOICES)} (got {self.thp!r})")
         if self.hugepages_size is not None and self.hugepages_size not in HUGEPAGES_SIZES:
@@ -200,6 +219,9 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "serving_workers": _as_int,
     "serving_threads_per_worker": _as_int,
     "serving_memory_share": _as_float,
+    "dataloader_workers": _as_int,
+    "feature_matrix_features": _as_int,
+    "feature_matrix_rows": _as_int,
 }
 
 
@@ -364,6 +386,171 @@ def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
         Setting("threads_per_job", cores, job_reason),
         Setting("trials", trials, trials_reason),
         Setting("threads_per_trial", per_trial, per_trial_reason),
+    ]
+
+
+def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
+    """The thread pools of the other runtimes for one job: Polars, Arrow, TensorFlow, PyTorch's
+    inter-op pool, joblib/loky.  See docs/tuning.md, 'Threads' ('Other runtimes').
+
+    Each of them sizes its pool from the logical CPUs when nothing says otherwise (SMT counted),
+    and each process of N parallel ones does so again: the counts here are for one job, and
+    ml-env --trials N gives each trial the same share of every one as of the cores."""
+    cores = _need(facts, "cpu.cores")
+    sockets = _get(facts, "cpu.sockets", 1)
+    if not isinstance(sockets, int) or sockets < 1:
+        sockets = 1
+    inter = min(sockets, cores)
+    per_socket = "one per socket" if sockets > 1 else "one socket"
+    return [
+        Setting(
+            "polars_threads",
+            cores,
+            f"{cores}: POLARS_MAX_THREADS = threads_per_job; Polars sizes its pool once, at first use, "
+            "from the logical CPUs otherwise (Polars docs)",
+        ),
+        Setting(
+            "arrow_cpu_threads",
+            cores,
+            f"{cores}: Arrow's CPU pool reads OMP_NUM_THREADS (threads_per_job), else the logical CPUs; "
+            "pyarrow.set_cpu_count() per process (Arrow docs, thread pools)",
+        ),
+        Setting(
+            "arrow_io_threads",
+            ARROW_IO_THREADS,
+            f"{ARROW_IO_THREADS}: ARROW_IO_THREADS, Arrow's own default; IO threads wait on the drive, "
+            "not on a core, so they are not sized by the cores (Arrow docs, thread pools)",
+        ),
+        Setting(
+            "tf_intra_op_threads",
+            cores,
+            f"{cores}: TF_NUM_INTRAOP_THREADS = threads_per_job; TensorFlow's default is every schedulable "
+            "CPU, SMT counted (tensorflow process_util.cc; Intel TensorFlow tuning guide)",
+        ),
+        Setting(
+            "tf_inter_op_threads",
+            inter,
+            f"{inter}: TF_NUM_INTEROP_THREADS, {per_socket}: independent ops run side by side, each on the "
+            "intra-op pool; TensorFlow's default is every CPU again (Intel TensorFlow tuning guide)",
+        ),
+        Setting(
+            "torch_interop_threads",
+            inter,
+            f"{inter}: {per_socket}, as for TensorFlow; torch reads no variable for it, so it reaches a "
+            "process as PROVISIONER_TORCH_INTEROP_THREADS for torch.set_num_interop_threads(), called "
+            "before any parallel work (PyTorch CPU threading docs)",
+        ),
+        Setting(
+            "joblib_workers",
+            cores,
+            f"{cores}: LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts one worker per "
+            "physical core, not per logical CPU (loky cpu_count; scikit-learn parallelism docs)",
+        ),
+    ]
+
+
+def dataloader_split(cores: int, workers: int | None = None) -> tuple[int, int]:
+    """(DataLoader workers, torch threads of the training process) for a job on CORES cores.
+    See docs/tuning.md, 'Threads' ('DataLoader').
+
+    Every worker is a process that runs one torch thread (the DataLoader sets it), so workers +
+    training threads <= cores: one worker per 4 cores (none on one core: loading happens in the
+    training process), the rest for the training threads."""
+    if workers is None:
+        workers = 0 if cores < 2 else max(1, cores // 4)
+    return workers, max(1, cores - workers)
+
+
+def plan_dataloader(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
+    """DataLoader workers and the training threads next to them.  See docs/tuning.md, 'Threads'
+    ('DataLoader')."""
+    cores = _need(facts, "cpu.cores")
+    workers = options.dataloader_workers
+    if workers is not None and workers + 1 > cores:
+        if not options.allow_oversubscription:
+            raise PlanError(
+                f"plan_dataloader_workers={workers} leaves no core for the training threads: workers + at least "
+                f"1 thread must not exceed the {cores} physical cores (at most {cores - 1} workers); lower "
+                "plan_dataloader_workers or set plan_allow_oversubscription: true"
+            )
+        warnings.append(
+            f"{workers} DataLoader workers + 1 training thread on {cores} physical cores: oversubscribed by choice "
+            "(plan_allow_oversubscription)"
+        )
+    workers, threads = dataloader_split(cores, workers)
+    if options.dataloader_workers is not None:
+        how = "plan_dataloader_workers"
+    elif workers:
+        how = f"{cores} physical cores // 4, at least 1"
+    else:
+        how = "one core: batches load in the training process (num_workers=0)"
+    return [
+        Setting(
+            "dataloader_workers",
+            workers,
+            f"{workers}: DataLoader num_workers ({how}); each worker is a process with one torch thread "
+            "(torch.utils.data sets it), workers + training threads <= cores (PyTorch DataLoader docs)",
+        ),
+        Setting(
+            "dataloader_threads",
+            threads,
+            f"{threads}: torch.set_num_threads of the training process next to {workers} worker(s): "
+            f"{min(cores, workers + threads)} of {cores} cores"
+            + (" (oversubscribed by choice)" if workers + threads > cores else ""),
+        ),
+    ]
+
+
+def plan_feature_matrix(
+    facts: Mapping[str, Any], options: PlanOptions, settings: list[Setting], warnings: list[str]
+) -> list[Setting]:
+    """The largest float32 feature matrix this host holds in RAM without swapping.
+    See docs/tuning.md, 'Memory' ('Feature matrix')."""
+    total = _need(facts, "memory.total_bytes")
+    if not isinstance(total, int) or total <= 0:
+        raise PlanError("hardware facts report no memory size; cannot size the feature matrix")
+    page_bytes = {"hugepages_2m": 2 * 1024**2, "hugepages_1g": GIB}
+    reserved = sum(int(st.value or 0) * page_bytes[st.key] for st in settings if st.key in page_bytes)
+    after = total - reserved
+    margin = max(FEATURE_MATRIX_MARGIN_MIN_BYTES, int(after * FEATURE_MATRIX_MARGIN_SHARE))
+    budget = after - margin
+    features = options.feature_matrix_features
+    row_bytes = features * FLOAT32_BYTES
+    largest = max(0, budget) // row_bytes
+    ram = f"{_gib(total)} RAM" + (f" - {_gib(reserved)} hugepages" if reserved else "")
+    limit = (
+        f"{_gib(max(budget, 0))} ({ram} - a margin of {_gib(margin)}: "
+        f"{FEATURE_MATRIX_MARGIN_SHARE:.0%}, at least {_gib(FEATURE_MATRIX_MARGIN_MIN_BYTES)})"
+    )
+    if largest < 1:
+        raise PlanError(
+            f"no float32 row of {features} features fits in {limit}; lower plan_hugepages_count or plan_hugepages_share"
+        )
+    if options.feature_matrix_rows is not None:
+        rows = options.feature_matrix_rows
+        if rows > largest:
+            raise PlanError(
+                f"plan_feature_matrix_rows={rows} x {features} features x 4 B = {_gib(rows * row_bytes)} does not "
+                f"fit in the {limit} this host holds without swapping (at most {largest} rows); lower "
+                "plan_feature_matrix_rows or plan_feature_matrix_features"
+            )
+        rows_reason = f"{rows}: plan_feature_matrix_rows, {rows * row_bytes / max(budget, 1):.0%} of {limit}"
+    else:
+        rows = largest
+        rows_reason = f"{rows}: the most rows of {features} float32 features that fit in {limit}"
+    return [
+        Setting("feature_matrix_rows", rows, rows_reason + "; the rest stays for the kernel, page cache and the process"),
+        Setting(
+            "feature_matrix_features",
+            features,
+            f"{features}: plan_feature_matrix_features" + (" (default)" if features == FEATURE_MATRIX_FEATURES else ""),
+        ),
+        Setting(
+            "feature_matrix_bytes",
+            rows * row_bytes,
+            f"{rows * row_bytes}: {rows} rows x {features} features x 4 B = {_gib(rows * row_bytes)} "
+            "(one copy; a library that copies it needs room for two)",
+        ),
     ]
 
 
@@ -872,6 +1059,8 @@ def plan_serving(facts: Mapping[str, Any], options: PlanOptions, settings: list[
 
 CONCERNS: tuple[Callable[[Mapping[str, Any], PlanOptions, list[str]], list[Setting]], ...] = (
     plan_threads,
+    plan_runtime_threads,
+    plan_dataloader,
     plan_thp,
     plan_hugepages,
     plan_cpufreq,
@@ -890,6 +1079,7 @@ def derive_plan(facts: Mapping[str, Any], options: PlanOptions | None = None) ->
     for concern in CONCERNS:
         settings.extend(concern(facts, options, warnings))
     settings.append(plan_reboot(settings))
+    settings.extend(plan_feature_matrix(facts, options, settings, warnings))
     storage = plan_storage(facts, options, warnings)
     serving = plan_serving(facts, options, settings, warnings)
     settings.extend(

@@ -71,6 +71,15 @@ options:
   plan_serving_memory_share:
     description: Share of the RAM after hugepages for the model server, split over its workers.
     type: float
+  plan_dataloader_workers:
+    description: DataLoader workers of one training job; null derives them from the physical cores.
+    type: int
+  plan_feature_matrix_features:
+    description: Features of the largest float32 feature matrix sized for the RAM.
+    type: int
+  plan_feature_matrix_rows:
+    description: Rows of the feature matrix; null is the most that fit, more than fit is refused.
+    type: int
 author:
   - provisioner contributors
 """
