@@ -13,6 +13,7 @@ Layout:
     lab_dir()/ip_forward.saved         host's net.ipv4.ip_forward before the first server
     lab_dir()/NAME/                    upper/ work/ merged/ state.json console.log
                                        known_hosts inventory.yml ssh_config
+    lab_dir()/.discarded/              servers taken down, being deleted in the background
 
 Everything needs root, systemd-nspawn, mmdebstrap, iptables, iproute2 and openssh.
 

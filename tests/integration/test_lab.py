@@ -112,6 +112,13 @@ def test_down_removes_everything(fresh_lab_server, loop_device: str) -> None:
     assert not server.root.exists()
     assert server.name not in [s.name for s in lab.list_servers()]
     assert lab.down(server.name) is False  # harmless when it does not exist
+    # Its files were moved aside and are deleted in the background, soon.
+    from provisioner.lab.server import discarded_dir
+
+    deadline = time.monotonic() + 120
+    while any(p.name.startswith(f"{server.name}-") for p in discarded_dir().iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [p for p in discarded_dir().iterdir() if p.name.startswith(f"{server.name}-")]
     # Other tests may start servers meanwhile (the suite runs on two workers): look at the
     # servers alive now, with the lab locked so none comes or goes while we look.
     with lab.frozen():
