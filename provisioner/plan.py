@@ -470,7 +470,7 @@ def plan_dataloader(facts: Mapping[str, Any], options: PlanOptions, warnings: li
         if not options.allow_oversubscription:
             raise PlanError(
                 f"plan_dataloader_workers={workers} leaves no core for the training threads: workers + at least "
-                f"1 thread must not exceed the {cores} physical cores (at most {cores - 1} workers); lower "
+                f"1 thread must not exceed the {cores} physical cores (at most {cores - 1} worker(s)); lower "
                 "plan_dataloader_workers or set plan_allow_oversubscription: true"
             )
         warnings.append(

@@ -20,6 +20,22 @@ PAM_MARKER = "provisioner thread_env"
 ENV_D_GENERATOR = "/usr/lib/systemd/user-environment-generators/30-systemd-environment-d-generator"
 PINNING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")
 CLEAN = "env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Counts that are not the thread count: variable -> the role option that holds it, and the plan
+# value it follows (ml-env gives each trial the same share of them as of the cores).
+SCALED = {
+    "ARROW_IO_THREADS": ("thread_env_arrow_io_threads", "arrow_io_threads"),
+    "TF_NUM_INTEROP_THREADS": ("thread_env_tf_inter_op_threads", "tf_inter_op_threads"),
+    "PROVISIONER_TORCH_INTEROP_THREADS": ("thread_env_torch_interop_threads", "torch_interop_threads"),
+    "PROVISIONER_DATALOADER_WORKERS": ("thread_env_dataloader_workers", "dataloader_workers"),
+    "PROVISIONER_DATALOADER_THREADS": ("thread_env_dataloader_threads", "dataloader_threads"),
+}
+# Thread-count variables and the plan values of the same count.
+SAME_AS_THREADS = {
+    "POLARS_MAX_THREADS": "polars_threads",
+    "TF_NUM_INTRAOP_THREADS": "tf_intra_op_threads",
+    "LOKY_MAX_CPU_COUNT": "joblib_workers",
+    "OMP_NUM_THREADS": "arrow_cpu_threads",
+}
 
 
 @pytest.fixture()
@@ -32,6 +48,9 @@ def expected(te):
     """Variable -> value every way work starts must show."""
     threads = str(int(te["thread_env_threads"]))
     values = {name: threads for name in te["thread_env_variables"]}
+    values.update({name: str(int(te[option])) for name, (option, _) in SCALED.items()})
+    if te["thread_env_tf_onednn"]:
+        values["TF_ENABLE_ONEDNN_OPTS"] = "1"
     if te["thread_env_openmp_runtime"] == "libiomp":
         values["KMP_BLOCKTIME"] = str(int(te["thread_env_kmp_blocktime"]))
         values["KMP_AFFINITY"] = te["thread_env_kmp_affinity"]
@@ -70,6 +89,13 @@ def test_threads_follow_the_plan(host, te):
         inventory = {}
     if "thread_env_threads" not in inventory:
         assert int(te["thread_env_threads"]) == plan["values"]["threads_per_job"]
+        # The other runtimes' pools of one job are the same count in the plan.
+        for name, key in SAME_AS_THREADS.items():
+            if name in te["thread_env_variables"]:
+                assert plan["values"][key] == int(te["thread_env_threads"]), key
+    for option, key in SCALED.values():
+        if option not in inventory and "thread_env_threads" not in inventory:
+            assert int(te[option]) == plan["values"][key], option
 
 
 def test_settings_file_for_ml_env(host, te):
@@ -80,6 +106,9 @@ def test_settings_file_for_ml_env(host, te):
     assert settings["cores"] == str(int(te["thread_env_threads"]))
     assert settings["trials"] == str(int(te["thread_env_trials"]))
     assert settings["variables"].split() == list(te["thread_env_variables"])
+    scaled = dict(item.split("=", 1) for item in settings["scaled"].split())
+    assert scaled == {name: str(int(te[option])) for name, (option, _) in SCALED.items()}
+    assert settings["fixed"].split() == (["TF_ENABLE_ONEDNN_OPTS=1"] if te["thread_env_tf_onednn"] else [])
 
 
 def test_login_shell_gets_the_threads(host, expected):
@@ -229,6 +258,26 @@ def test_ml_env_runs_parallel_trials_with_their_share(host, te):
     assert sorted(out.splitlines()) == [f"0 {per_trial}", f"1 {per_trial}"]
     one = host.check_output(f"{CLEAN} {ML_ENV} -- sh -c 'echo $ML_ENV_TRIALS $OMP_NUM_THREADS $OMP_PROC_BIND'")
     assert one.split() == ["1", str(cores)]
+
+
+def test_ml_env_gives_each_trial_its_share_of_every_count(host, te):
+    """Two trials: each gets half the cores, and half (at least 1; DataLoader workers at least 0)
+    of Arrow's IO pool, the inter-op pools and the DataLoader split."""
+    cores = min(int(te["thread_env_threads"]), physical_cores(host))
+    per_trial = max(1, cores // 2)
+    names = [*SCALED, "POLARS_MAX_THREADS", "LOKY_MAX_CPU_COUNT", "TF_ENABLE_ONEDNN_OPTS"]
+    echo = " ".join(f"${name}" for name in names)
+    out = host.check_output(f"{CLEAN} {ML_ENV} --trials 2 -- sh -c 'echo $ML_ENV_TRIAL {echo}'")
+    base = int(te["thread_env_threads"])
+    share = {
+        name: str(max(0 if name == "PROVISIONER_DATALOADER_WORKERS" else 1, int(te[option]) * per_trial // base))
+        for name, (option, _) in SCALED.items()
+    }
+    onednn = "1" if te["thread_env_tf_onednn"] else ""
+    row = " ".join([*(share[n] for n in SCALED), str(per_trial), str(per_trial), onednn]).strip()
+    assert sorted(out.splitlines()) == [f"0 {row}", f"1 {row}"]
+    workers, threads = int(share["PROVISIONER_DATALOADER_WORKERS"]), int(share["PROVISIONER_DATALOADER_THREADS"])
+    assert workers + threads <= per_trial or te["thread_env_allow_oversubscription"]
 
 
 def test_ml_env_refuses_oversubscription(host, te):

@@ -167,6 +167,53 @@ def test_kmp_variables_only_for_intel_openmp():
     assert not {"KMP_BLOCKTIME", "KMP_AFFINITY"} & set(ml_env.trial_env({}, 0, 2, 8, {"openmp_runtime": "libgomp"}))
 
 
+@pytest.mark.parametrize(
+    ("value", "threads", "cores", "floor", "share"),
+    [
+        (8, 4, 16, 1, 2),
+        (8, 1, 16, 1, 1),
+        (2, 32, 64, 1, 1),
+        (2, 64, 64, 1, 2),
+        (4, 1, 16, 0, 0),
+        (4, 8, 16, 0, 2),
+        (12, 4, 16, 1, 3),
+    ],
+)
+def test_scaled_counts_get_the_trials_share_of_the_machine(value, threads, cores, floor, share):
+    assert ml_env.scaled_share(value, threads, cores, floor) == share
+
+
+def test_every_trial_gets_its_share_of_the_scaled_counts():
+    config = {
+        "cores": "16",
+        "variables": "OMP_NUM_THREADS POLARS_MAX_THREADS",
+        "scaled": "ARROW_IO_THREADS=8 PROVISIONER_DATALOADER_WORKERS=4 PROVISIONER_DATALOADER_THREADS=12",
+        "zero_floor": "PROVISIONER_DATALOADER_WORKERS",
+        "fixed": "TF_ENABLE_ONEDNN_OPTS=1",
+    }
+    topology = [[i] for i in range(16)]
+    for trials, expected in [(1, ("16", "8", "4", "12")), (4, ("4", "2", "1", "3")), (16, ("1", "1", "0", "1"))]:
+        for env, _ in ml_env.plan_trials(trials, 16, False, topology, config, {}):
+            got = tuple(
+                env[n]
+                for n in (
+                    "POLARS_MAX_THREADS",
+                    "ARROW_IO_THREADS",
+                    "PROVISIONER_DATALOADER_WORKERS",
+                    "PROVISIONER_DATALOADER_THREADS",
+                )
+            )
+            assert got == expected, trials
+            assert env["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    shown = ml_env.shown_keys(ml_env.trial_env({}, 0, 2, 8, config), config)
+    assert {"ARROW_IO_THREADS", "PROVISIONER_DATALOADER_WORKERS", "TF_ENABLE_ONEDNN_OPTS"} <= set(shown)
+
+
+def test_one_job_on_fewer_cores_than_configured_gets_the_same_fraction():
+    config = {"cores": "16", "scaled": "ARROW_IO_THREADS=8"}
+    assert ml_env.trial_env({}, 0, 1, 4, config)["ARROW_IO_THREADS"] == "2"
+
+
 def test_cpu_lists_round_trip():
     assert ml_env.parse_cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
     assert ml_env.format_cpu_list([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
@@ -185,7 +232,16 @@ def test_config_file(tmp_path):
 
 
 def test_trials_run_in_parallel_with_their_share():
-    r = run("--cores", "16", "--trials", "4", "--", "sh", "-c", "echo $ML_ENV_TRIAL $ML_ENV_TRIALS $OMP_NUM_THREADS $MKL_NUM_THREADS $OPENBLAS_NUM_THREADS $NUMEXPR_NUM_THREADS")
+    r = run(
+        "--cores",
+        "16",
+        "--trials",
+        "4",
+        "--",
+        "sh",
+        "-c",
+        "echo $ML_ENV_TRIAL $ML_ENV_TRIALS $OMP_NUM_THREADS $MKL_NUM_THREADS $OPENBLAS_NUM_THREADS $NUMEXPR_NUM_THREADS",
+    )
     assert r.returncode == 0, r.stderr
     assert lines(r.stdout) == [f"{i} 4 4 4 4 4" for i in range(4)]
 
@@ -263,7 +319,17 @@ def test_print_shows_each_trial_and_runs_nothing():
 
 
 def test_inherited_pinning_is_not_passed_to_parallel_trials():
-    r = run("--cores", "2", "--trials", "2", "--", "sh", "-c", 'echo "[$OMP_PROC_BIND][$OMP_PLACES]"', env={"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"})
+    r = run(
+        "--cores",
+        "2",
+        "--trials",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        'echo "[$OMP_PROC_BIND][$OMP_PLACES]"',
+        env={"OMP_PROC_BIND": "close", "OMP_PLACES": "cores"},
+    )
     assert lines(r.stdout) == ["[][]", "[][]"]
 
 
@@ -312,5 +378,7 @@ def test_signals_are_forwarded_to_every_trial(tmp_path, sig):
 def test_script_runs_by_its_shebang():
     if not Path("/usr/bin/python3").exists():
         pytest.skip("no /usr/bin/python3")
-    r = subprocess.run([str(ML_ENV), "--cores", "2", "--", "sh", "-c", "echo $OMP_NUM_THREADS"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [str(ML_ENV), "--cores", "2", "--", "sh", "-c", "echo $OMP_NUM_THREADS"], capture_output=True, text=True, timeout=30
+    )
     assert (r.returncode, r.stdout.strip()) == (0, "2")

@@ -106,7 +106,7 @@ def test_dataloader_workers_leaving_no_core_are_refused_naming_value_and_limit(w
         derive_plan(load("epyc_4545p"), PlanOptions(dataloader_workers=workers))
     message = str(err.value)
     assert f"plan_dataloader_workers={workers}" in message and "16 physical cores" in message
-    assert "at most 15 workers" in message and "plan_allow_oversubscription" in message
+    assert "at most 15 worker(s)" in message and "plan_allow_oversubscription" in message
     assert "\n" not in message
 
 
