@@ -19,6 +19,7 @@ from provisioner.errors import ExitCode
 pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -57,10 +58,12 @@ def inventory_with_known_hosts(server, tmp_path: Path, known_hosts_text: str) ->
 
 @pytest.fixture(scope="module")
 def wheelhouse():
-    """A wheelhouse built once on this machine: the targets install with no index."""
+    """A wheelhouse built once on this machine with the default stack (role mlstack's default
+    components): the targets install with no index, what a plain `provisioner up` installs."""
     from provisioner import bundle
 
-    return bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt"]).path
+    defaults = yaml.safe_load((ROOT / "roles" / "mlstack" / "defaults" / "main.yml").read_text())
+    return bundle.build_wheelhouse(bundle.default_wheelhouse(), defaults["mlstack_components"]).path
 
 
 @pytest.fixture(scope="module")
