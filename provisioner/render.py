@@ -68,11 +68,22 @@ def error(message: str) -> None:
     err_console.print(Text("error: ", style="bold red") + Text(message), soft_wrap=True)
 
 
+# Rows of the live table: a fleet's hosts beyond these are counted in its title, not drawn.
+PROGRESS_ROWS = 20
+
+
 def _progress_table(hosts: dict[str, HostResult]) -> Table:
-    table = Table(title="provisioning", expand=False)
+    """The hosts heard from so far, failures first; a fleet shows its first PROGRESS_ROWS."""
+    shown = failures_first(hosts.values())
+    failing = sum(h.status in ("unreachable", "failed", "refused") for h in shown)
+    # Short: a title wraps at the table's width.
+    title = f"{len(shown)} host{'s' if len(shown) != 1 else ''}" + (f", {failing} failing" if failing else "")
+    if len(shown) > PROGRESS_ROWS:
+        title += f", {PROGRESS_ROWS} shown"
+    table = Table(title=title, expand=False)
     for col in ("host", "task", "ok", "changed", "failed", "unreachable"):
         table.add_column(col, justify="right" if col not in ("host", "task") else "left")
-    for h in hosts.values():
+    for h in shown[:PROGRESS_ROWS]:
         table.add_row(Text(h.host), Text(h.task), str(h.ok), str(h.changed), str(h.failed), str(h.unreachable))
     return table
 

@@ -19,7 +19,16 @@ GIB = 2**30
 
 @pytest.mark.parametrize(
     ("value", "fleet", "hosts"),
-    [("1", 4, 1), ("4", 4, 4), (" 3 ", 10, 3), ("25%", 4, 1), ("25%", 1000, 250), ("10%", 5, 1), ("100%", 7, 7), ("29%", 100, 29)],
+    [
+        ("1", 4, 1),
+        ("4", 4, 4),
+        (" 3 ", 10, 3),
+        ("25%", 4, 1),
+        ("25%", 1000, 250),
+        ("10%", 5, 1),
+        ("100%", 7, 7),
+        ("29%", 100, 29),
+    ],
 )
 def test_a_batch_is_a_number_of_hosts_or_a_share_of_the_fleet(value, fleet, hosts):
     assert engine.parse_batch(value).hosts(fleet) == hosts
@@ -205,7 +214,13 @@ def test_the_json_has_every_host_failures_first_with_a_summary_and_the_batch():
     assert list(data["hosts"]) == ["c-down", "d-failed", "e-later", "b-changed", "a-ok"]
     assert data["hosts"]["e-later"]["status"] == "not reached"
     assert data["summary"] == {
-        "hosts": 5, "unreachable": 1, "failed": 1, "refused": 0, "not reached": 1, "changed": 1, "ok": 1,
+        "hosts": 5,
+        "unreachable": 1,
+        "failed": 1,
+        "refused": 0,
+        "not reached": 1,
+        "changed": 1,
+        "ok": 1,
     }
     assert data["batch"] == {"fleet": 5, "hosts_per_batch": 2}
     assert summary_run().errors == ["c-down: unreachable (no route); check it", "d-failed: Install: boom"]
@@ -214,3 +229,14 @@ def test_the_json_has_every_host_failures_first_with_a_summary_and_the_batch():
 def test_a_single_host_title_says_host():
     run = RunResult("facts.yml", False, 0, {"web1": HostResult("web1", ok=2)}, {}, [], Path("/x"), 1.0)
     assert render.summary_title(run) == "facts.yml on 1 host: 1 ok"
+
+
+def test_the_live_table_of_a_big_fleet_shows_its_failures_first_and_counts_the_rest():
+    hosts = {f"h{i:03}": HostResult(f"h{i:03}", ok=i) for i in range(100)}
+    hosts["h099"].failed = 1
+    out = io.StringIO()
+    render.make_console(file=out, width=200).print(render._progress_table(hosts))
+    text = out.getvalue()
+    assert "100 hosts, 1 failing, 20 shown" in text
+    rows = [ln.split()[1] for ln in text.splitlines() if ln.startswith("│")]
+    assert rows[0] == "h099" and len(rows) == render.PROGRESS_ROWS
