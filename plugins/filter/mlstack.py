@@ -124,7 +124,7 @@ def mlstack_pip_diagnosis(
                      f" ({reason.group(1).strip() if reason else 'certificate verify failed'})",
             "fix": "a TLS-inspecting proxy (or a private index) signs with a CA this host does not trust: name that "
                    "CA's PEM file on the control node in common_ca_certificates, e.g. "
-                   "-e '{\"common_ca_certificates\": [\"/path/proxy-ca.pem\"]}' (docs/proxy.md)",
+                   "-e common_ca_certificates=[/path/proxy-ca.pem] (docs/proxy.md)",
         }
     if not offline and _DNS_RE.search(text):
         resolved = _DNS_HOST_RE.search(text)
@@ -166,7 +166,7 @@ def mlstack_pip_diagnosis(
     return {
         "kind": "pip",
         "cause": errors[-1] if errors else (text.strip().splitlines() or ["pip failed"])[-1],
-        "fix": "run the same pip command on the host as the environment's owner to see its whole output",
+        "fix": "the failed command's whole output is in the run's log (provisioner up -v)",
     }
 
 
