@@ -54,6 +54,14 @@ FORKS_ENV = "PROVISIONER_FORKS"
 # An opt-in execution strategy (see _strategy_env).
 STRATEGY_ENV = "PROVISIONER_STRATEGY"
 
+# A run's event files (ansible-runner's job_events, a few KB each): about 2.5 per task and host,
+# 15 MB for site.yml on four hosts. Above this many hosts only the events that tell something
+# are written (failures, unreachable hosts, changes); stdout keeps the whole run's log either way.
+KEEP_ALL_EVENTS_HOSTS = 50
+_ROUTINE_EVENTS = frozenset(
+    {"runner_on_start", "runner_on_ok", "runner_on_skipped", "runner_item_on_ok", "runner_item_on_skipped", "verbose"}
+)
+
 # Rolling runs: the extra vars site.yml's role plays read as `serial` and `max_fail_percentage`
 # (unset: every host at once, no threshold).
 SERIAL_VAR = "provisioner_serial"
@@ -237,7 +245,9 @@ def parse_max_fail(value: str) -> int:
     """`--max-fail P%`: the share of a batch's hosts that may fail before the roll stops (0-100)."""
     m = _BATCH_RE.match(value)
     if not m or int(m[1]) > 100:
-        raise BadInput(f"--max-fail {value!r} is not a share from 0% to 100%: give e.g. --max-fail 10% (0%: stop at the first failure)")
+        raise BadInput(
+            f"--max-fail {value!r} is not a share from 0% to 100%: give e.g. --max-fail 10% (0%: stop at the first failure)"
+        )
     return int(m[1])
 
 
@@ -430,7 +440,9 @@ def run_playbook(
     # -e from an earlier run would silently apply to this one.
     private = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
     ident = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
-    collector = _EventCollector(on_progress, input_check_plays(book))
+    collector = _EventCollector(
+        on_progress, input_check_plays(book), keep_routine=rolling.get("fleet", len(hostvars)) <= KEEP_ALL_EVENTS_HOSTS
+    )
     cmdline = " ".join(["--check --diff" if check else "", *(["-" + "v" * verbosity] if verbosity else [])])
     started = time.monotonic()
     try:
@@ -516,9 +528,12 @@ def input_check_plays(book: Path) -> frozenset[int]:
 class _EventCollector:
     """Folds ansible-runner events into per-host counters, facts, diffs and errors."""
 
-    def __init__(self, on_progress: ProgressCallback | None, input_plays: frozenset[int] = frozenset()):
+    def __init__(
+        self, on_progress: ProgressCallback | None, input_plays: frozenset[int] = frozenset(), keep_routine: bool = True
+    ):
         self.on_progress = on_progress
         self.input_plays = input_plays
+        self.keep_routine = keep_routine  # write every event to the artifacts, not only what tells something
         self.plays: dict[str, int] = {}  # play uuid -> position in the run
         self.hosts: dict[str, HostResult] = {}
         self.facts: dict[str, dict[str, Any]] = {}
@@ -539,6 +554,13 @@ class _EventCollector:
         return self.hosts[name]
 
     def handle(self, event: dict[str, Any]) -> bool:
+        """Fold one event in; True when ansible-runner should write it to the artifacts."""
+        self._fold(event)
+        if self.keep_routine or event.get("event") not in _ROUTINE_EVENTS:
+            return True
+        return bool(((event.get("event_data") or {}).get("res") or {}).get("changed"))
+
+    def _fold(self, event: dict[str, Any]) -> None:
         kind = event.get("event", "")
         data = event.get("event_data", {}) or {}
         if kind == "playbook_on_play_start":
@@ -546,7 +568,7 @@ class _EventCollector:
             self.plays.setdefault(_play_id(data), len(self.plays))
         host_name = data.get("host")
         if not host_name or not kind.startswith("runner_"):
-            return True
+            return
         host = self._host(host_name)
         task = data.get("task", "")
         res = data.get("res", {}) or {}
@@ -570,10 +592,9 @@ class _EventCollector:
         elif kind == "runner_on_skipped":
             host.skipped += 1
         elif kind == "runner_item_on_failed":
-            return True
+            return
         if self.on_progress:
             self.on_progress(host)
-        return True
 
     def _ok(self, host: HostResult, task: str, res: dict[str, Any]) -> None:
         if res.get("changed"):

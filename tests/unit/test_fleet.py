@@ -240,3 +240,16 @@ def test_the_live_table_of_a_big_fleet_shows_its_failures_first_and_counts_the_r
     assert "100 hosts, 1 failing, 20 shown" in text
     rows = [ln.split()[1] for ln in text.splitlines() if ln.startswith("│")]
     assert rows[0] == "h099" and len(rows) == render.PROGRESS_ROWS
+
+
+def test_a_big_fleet_writes_only_the_events_that_tell_something():
+    def event(kind, **res):
+        return {"event": kind, "event_data": {"host": "h1", "play_uuid": "p0", "task": "t", "res": res}}
+
+    routine = [event("runner_on_start"), event("runner_on_ok"), event("runner_on_skipped")]
+    telling = [event("runner_on_ok", changed=True), event("runner_on_failed", msg="x"), event("runner_on_unreachable", msg="y")]
+    small = engine._EventCollector(None)
+    assert all(small.handle(e) for e in routine + telling)
+    big = engine._EventCollector(None, keep_routine=False)
+    assert [big.handle(e) for e in routine + telling] == [False, False, False, True, True, True]
+    assert big.hosts["h1"].to_dict() | {"errors": []} == small.hosts["h1"].to_dict() | {"errors": []}, "counted all the same"
