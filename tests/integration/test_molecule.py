@@ -23,6 +23,14 @@ def test_scenario_sequence_proves_the_role(scenario):
     assert sequence.index("check") < sequence.index("converge") < sequence.index("idempotence") < sequence.index("verify")
 
 
+def mitogen_env() -> dict[str, str]:
+    """The scenarios run with Mitogen's linear strategy, the one PROVISIONER_STRATEGY=mitogen
+    selects (the integration tests run Ansible's default): each strategy runs every role."""
+    from provisioner.engine import _strategy_env
+
+    return _strategy_env("mitogen")
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_molecule(scenario, lab_requirements):
     bindir = Path(sys.executable).parent
@@ -32,7 +40,13 @@ def test_molecule(scenario, lab_requirements):
         capture_output=True,
         text=True,
         timeout=1200,
-        env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1", "PY_COLORS": "0"},
+        env={
+            **os.environ,
+            **mitogen_env(),
+            "PATH": f"{bindir}:{os.environ.get('PATH', '')}",
+            "ANSIBLE_NOCOLOR": "1",
+            "PY_COLORS": "0",
+        },
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     assert "idempotence" in (r.stdout + r.stderr).lower()
