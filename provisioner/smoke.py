@@ -55,6 +55,20 @@ GBDT_GRADES = (0.3, 0.15)  # 1 -> 16 cores: only 5-7x (memory-bound); below 0.15
 MLP_GRADES = (0.4, 0.2)  # an MLP step is mostly GEMMs; below 0.2 the threads or the kernel are wrong
 HPO_GRADES = (0.9, 0.7)  # N processes of cores/N threads should at least match one-after-another
 PARQUET_GRADES = (0.5, 0.2)
+# RandomForest trees are independent: all cores should reach half of the one-core fit x cores.
+SKLEARN_FOREST_GRADES = (0.5, 0.25)
+# GridSearchCV on loky workers against the same search one fit after another, x the workers.
+SKLEARN_GRID_GRADES = (0.5, 0.25)
+# Polars' feature pipeline on all threads against its one-thread rate x the threads (joins and
+# group-bys are memory-bound, like GBDT histograms).
+FEATURES_GRADES = (0.3, 0.15)
+# Cross-validation over the in-RAM feature matrix: its Gram matrices are GEMMs.
+MATRIX_GRADES = (0.4, 0.2)
+# A DataLoader feeding training against the same training on batches in memory (the workers and
+# the training threads share the cores: half of it passes); the share of
+# the loop spent waiting for the next batch (pass within, warn within, in %).
+LOADER_GRADES = (0.5, 0.25)
+LOADER_WAIT_PCT = (20.0, 50.0)
 # Single-row predict: p99 within 2 ms passes (endpoints answer in 1-20 ms), within 10 ms warns.
 LATENCY_P99_US = (2000.0, 10000.0)
 # The model server at SERVING_CONNECTIONS concurrent connections: requests/s against the
@@ -262,6 +276,11 @@ def evaluate(raw: dict[str, Any]) -> HostReport:
     checks += [parquet_check(raw, results["parquet"])] if "parquet" in results else []
     checks += inference_checks(results["inference"]) if "inference" in results else []
     checks += serving_checks(raw, results["serving"]) if "serving" in results else []
+    checks += sklearn_checks(raw, results["sklearn"]) if "sklearn" in results else []
+    checks += features_checks(raw, results["features"]) if "features" in results else []
+    checks += matrix_checks(raw, results["matrix"]) if "matrix" in results else []
+    checks += dataloader_checks(raw, results["dataloader"]) if "dataloader" in results else []
+    checks += tensorflow_checks(raw, results["tensorflow"]) if "tensorflow" in results else []
     checks += cost_checks(raw.get("cost") or {}, checks)
     spreads = repeat_spreads(results)
     for c in checks:
@@ -330,6 +349,13 @@ def repeat_spreads(results: dict[str, Any]) -> dict[str, list[float]]:
     for q in ("p50", "p99"):
         if inf.get(f"{q}_us_each"):
             out[f"inference.{q}"] = span(inf[f"{q}_us_each"])
+    fe = (results.get("features") or {}).get("polars") or {}
+    if fe.get("times_s") and all(fe["times_s"]):
+        out["features.polars"] = span([results["features"]["rows"] / t / 1e6 for t in fe["times_s"]])
+    forest = ((results.get("sklearn") or {}).get("forest") or {}).get("all") or {}
+    if forest.get("times_s") and all(forest["times_s"]):
+        sk = results["sklearn"]
+        out["sklearn.forest"] = span([sk["rows"] * sk["trees"] / t / 1e6 for t in forest["times_s"]])
     level = serving_level(results.get("serving") or {})
     for key, cid in (("requests_per_s", "serving.rps"), ("p99_ms", "serving.p99")):
         values = [r[key] for r in (level or {}).get("runs", []) if r.get(key) is not None]
@@ -613,7 +639,7 @@ def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any]) -> list[Check]:
     runs = hpo["runs"]
     detail = (
         f"{hpo['trials']} {hpo['library']} trials ({hpo['rows']:,} rows, {hpo['trees']} trees) per run, one run each, "
-        f"{hpo['sampler']}"
+        f"{hpo['sampler']}" + (f"; best loss {hpo['best_loss']:.4f}" if isinstance(hpo.get("best_loss"), float) else "")
     )
     seq = runs["sequential"]["trials_per_min"]
     if "parallel" not in runs:
@@ -636,6 +662,16 @@ def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any]) -> list[Check]:
     reason = f"{par['procs']} processes x {each} thread(s): {ratio:.2f}x the one-after-another rate"
     if status != PASS:
         reason += "; parallel trials lose to running them one by one: each trial's threads must be cores / trials"
+    lost = [
+        f"{name}: {r['trials']} of {r['trials_expected']} trials completed"
+        for name, r in runs.items()
+        if "trials_expected" in r and r["trials"] != r["trials_expected"]
+    ]
+    if "processes_seen" in par and par["processes_seen"] != par["procs"]:
+        lost.append(f"the study's trials came from {par['processes_seen']} process(es), not {par['procs']}")
+    if lost:
+        status = FAIL
+        reason = "the shared study lost work (" + "; ".join(lost) + "); " + reason
     out = [
         Check(
             "hpo.parallel",
@@ -751,6 +787,381 @@ def inference_checks(inf: dict[str, Any]) -> list[Check]:
             higher_is_better=False,
             detail=detail,
         ),
+    ]
+
+
+# ---------------------------------------------------------------- workloads of real jobs
+
+
+def sklearn_checks(raw: dict[str, Any], sk: dict[str, Any]) -> list[Check]:
+    """RandomForest scaling against linear, GridSearchCV on loky workers against the same search
+    run one fit after another, and the BLAS threads each worker had (over its share fails)."""
+    group = "scikit-learn"
+    problem = _problem("sklearn.forest", group, "RandomForest fit", sk)
+    if problem:
+        return [problem]
+    tuned = raw.get("mode") == "tuned"
+    cores = int(raw.get("threads") or 1)
+    out = []
+    forest = sk["forest"]
+    fig, one = forest["all"]["row_trees_per_s"] / 1e6, forest["one"]["row_trees_per_s"] / 1e6
+    limit = one * cores
+    ratio = fig / limit
+    status = grade(ratio, SKLEARN_FOREST_GRADES)
+    reason = f"n_jobs {forest['all']['n_jobs']}: 1 -> {cores} cores {fig / one:.1f}x ({ratio:.0%} of linear)"
+    if ratio > 1.0:
+        reason += ": above the limit, so the one-core fit was measured low (a busy host?)"
+    elif status != PASS:
+        reason += "; the trees are independent, so n_jobs below the cores or threads fighting over them"
+    out.append(
+        Check(
+            "sklearn.forest",
+            group,
+            "RandomForest fit, all cores",
+            status,
+            reason,
+            fig,
+            "M row-trees/s",
+            limit,
+            f"the one-core fit ({one:.3g} M row-trees/s, n_jobs=1) x {cores} cores (linear: trees are independent)",
+            ratio,
+            detail=f"{sk['rows']:,} x 20, {sk['trees']} trees depth 12, median of {len(forest['all']['times_s'])}; "
+            f"scikit-learn {sk.get('sklearn')}",
+        )
+    )
+    g = sk["grid"]
+    workers = g["n_jobs"] if isinstance(g["n_jobs"], int) else 1
+    limit = g["sequential_per_min"] * min(workers, g["candidates"] * g["folds"])
+    ratio = g["parallel_per_min"] / limit
+    status = grade(ratio, SKLEARN_GRID_GRADES)
+    reason = (
+        f"n_jobs {g['n_jobs']} ({g['n_jobs_how']}): {g['parallel_per_min'] / g['sequential_per_min']:.2f}x "
+        f"the sequential search ({ratio:.0%} of linear)"
+    )
+    if ratio > 1.0:
+        reason += ": above the limit, so the sequential search was measured low (a busy host?)"
+    elif status != PASS:
+        reason += "; parallel fits lose to sequential ones: each loky worker's BLAS threads must be cores / n_jobs"
+    out.append(
+        Check(
+            "sklearn.grid",
+            group,
+            "GridSearchCV candidates/min",
+            status,
+            reason,
+            g["parallel_per_min"],
+            "candidates/min",
+            limit,
+            f"the same search with n_jobs=1 and {cores} BLAS threads ({g['sequential_per_min']:.3g}/min) x {workers} workers",
+            ratio,
+            detail=f"{g['estimator']}, {g['candidates']} candidates x {g['folds']} folds on {g['rows']:,} rows",
+        )
+    )
+    seen = [w for w in g.get("workers_seen") or [] if not w.get("main")]
+    title = "BLAS threads inside the loky workers"
+    if not seen:
+        out.append(
+            Check(
+                "sklearn.threads",
+                group,
+                title,
+                INFO if not tuned else SKIP,
+                "no loky worker scored: the search ran in the main process (one job)",
+            )
+        )
+        return out
+    most = max((max(w["blas"] + w["openmp"], default=0) for w in seen), default=0)
+    share = g.get("share")
+    shown = "; ".join(f"pid {w['pid']}: BLAS {w['blas'] or 'none'}, OpenMP {w['openmp'] or 'none'}" for w in seen)
+    if not tuned or not share:
+        out.append(
+            Check(
+                "sklearn.threads",
+                group,
+                title,
+                INFO,
+                f"at most {most} thread(s) per pool in {len(seen)} worker(s) with library defaults",
+                float(most),
+                "threads",
+                detail=shown,
+            )
+        )
+        return out
+    over = [w for w in seen if max(w["blas"] + w["openmp"], default=0) > share]
+    if over:
+        status = FAIL
+        reason = (
+            f"oversubscribed: {len(over)} of {len(seen)} worker(s) run up to {most} BLAS/OpenMP threads, "
+            f"their share is {share} ({cores} cores / {workers} workers); {workers} x {most} threads on {cores} cores"
+        )
+    else:
+        status, reason = PASS, f"{len(seen)} worker(s), at most {most} thread(s) each: within the share of {share}"
+    out.append(
+        Check(
+            "sklearn.threads",
+            group,
+            title,
+            status,
+            reason,
+            float(most),
+            "threads",
+            float(share),
+            f"{cores} cores / {workers} loky workers (threadpoolctl read inside each worker while it scored)",
+            most / share,
+            higher_is_better=False,
+            detail=shown,
+        )
+    )
+    return out
+
+
+def features_checks(raw: dict[str, Any], fe: dict[str, Any]) -> list[Check]:
+    """The same feature pipeline in Polars (held against its one-thread rate x the threads) and in pandas."""
+    group = "feature engineering"
+    problem = _problem("features.polars", group, "Polars feature pipeline", fe)
+    if problem:
+        return [problem]
+    pol, one = fe["polars"], fe.get("polars_one") or {}
+    fig = pol["rows_per_s"] / 1e6
+    threads = int(pol.get("threads") or 1)
+    detail = (
+        f"{fe['rows']:,} rows in memory: {fe['pipeline']}; median of {len(pol.get('times_s', []))}; polars {pol.get('version')}"
+    )
+    out = []
+    if "rows_per_s" in one and threads > 1:
+        limit = one["rows_per_s"] * threads / 1e6
+        ratio = fig / limit
+        status = grade(ratio, FEATURES_GRADES)
+        reason = f"1 -> {threads} threads: {pol['rows_per_s'] / one['rows_per_s']:.2f}x ({ratio:.0%} of linear)"
+        if ratio > 1.0:
+            reason += ": above the limit, so the one-thread run was measured low (a busy host?)"
+        elif status != PASS:
+            reason += "; more threads barely help: POLARS_MAX_THREADS below the cores, or other work on them"
+        basis = f"Polars on one thread ({one['rows_per_s'] / 1e6:.3g} M rows/s, POLARS_MAX_THREADS=1) x {threads} threads"
+        check = Check(
+            "features.polars",
+            group,
+            "Polars feature pipeline",
+            status,
+            reason,
+            fig,
+            "M rows/s",
+            limit,
+            basis,
+            ratio,
+            detail=detail,
+        )
+    else:
+        why = one.get("error") or one.get("skipped") or f"{threads} thread: nothing to scale"
+        check = Check(
+            "features.polars",
+            group,
+            "Polars feature pipeline",
+            INFO,
+            f"reported without a limit: {why}",
+            fig,
+            "M rows/s",
+            detail=detail,
+        )
+    want = (raw.get("plan") or {}).get("polars_threads") or raw.get("threads")
+    if raw.get("mode") == "tuned" and want and threads != int(want):
+        check.status = FAIL
+        check.reason = f"Polars runs {threads} threads, the plan says {want} (POLARS_MAX_THREADS); " + check.reason
+    out.append(check)
+    pd_ = fe.get("pandas")
+    if pd_:
+        same = pd_.get("result_rows") == pol.get("result_rows")
+        out.append(
+            Check(
+                "features.pandas",
+                group,
+                "pandas feature pipeline (one thread)",
+                INFO if same else FAIL,
+                f"Polars is {pol['rows_per_s'] / pd_['rows_per_s']:.1f}x pandas on the same pipeline"
+                if same
+                else f"pandas kept {pd_.get('result_rows'):,} rows, Polars {pol.get('result_rows'):,}: the pipelines differ",
+                pd_["rows_per_s"] / 1e6,
+                "M rows/s",
+                detail=f"pandas {pd_.get('version')}, median of {len(pd_.get('times_s', []))}",
+            )
+        )
+    return out
+
+
+def matrix_checks(raw: dict[str, Any], mx: dict[str, Any]) -> list[Check]:
+    """The in-RAM feature matrix: held in memory without a page swapped out, and a cross-validation
+    over it at the rate of the host's SGEMM."""
+    group = "feature matrix"
+    problem = _problem("matrix.cv", group, "cross-validation over the feature matrix", mx)
+    if problem:
+        return [problem]
+    out = []
+    gb = mx["bytes"] / 1e9
+    planned_bytes = mx.get("planned_bytes") or (mx["planned_rows"] * mx["features"] * 4 if mx.get("planned_rows") else None)
+    limit = planned_bytes / 1e9 if planned_bytes else None
+    swapped = int(mx.get("swapped_out_pages") or 0)
+    r2 = mx.get("r2")
+    if swapped:
+        status, reason = FAIL, f"{swapped:,} pages swapped out while the matrix was held: it does not fit beside the rest"
+    elif r2 is None or r2 < 0.5:
+        status, reason = FAIL, f"the cross-validation's R² is {r2}: the folds were not computed over the matrix built"
+    else:
+        status, reason = PASS, f"{mx['rows']:,} x {mx['features']} float32 held and cross-validated, no page swapped out"
+    basis = (
+        f"the plan's largest matrix this host holds ({number(limit)} GB)"
+        if mx.get("planned_bytes")
+        else f"the largest matrix by {mx['rows_how']}"
+        if limit
+        else ""
+    )
+    out.append(
+        Check(
+            "matrix.memory",
+            group,
+            "feature matrix held in RAM",
+            status,
+            reason,
+            gb,
+            "GB",
+            limit,
+            basis,
+            gb / limit if limit else None,
+            detail=f"{mx['rows_how']}; built at {mx['build_gbps']:.2f} GB/s; peak RSS {mx['max_rss_bytes'] / 1e9:.2f} GB",
+        )
+    )
+    ratio = mx["cv_gflops"] / mx["sgemm_gflops"]
+    status = grade(ratio, MATRIX_GRADES)
+    reason = f"{ratio:.0%} of the SGEMM rate, {mx['folds']} folds in {mx['cv_s']:.2f} s (R² {r2 if r2 is None else round(r2, 3)})"
+    if ratio > 1.0:
+        reason += ": above the limit, so the SGEMM rate was measured low (a busy host?)"
+    elif status != PASS:
+        reason += "; the Gram matrices are GEMMs: check the BLAS kernel and the thread count"
+    out.append(
+        Check(
+            "matrix.cv",
+            group,
+            "cross-validation over the feature matrix",
+            status,
+            reason,
+            mx["cv_gflops"],
+            "GFLOPS",
+            mx["sgemm_gflops"],
+            "numpy SGEMM n=2048 in the same process, same threads",
+            ratio,
+            detail=f"{mx['how']}; threads {mx['threads']}",
+        )
+    )
+    return out
+
+
+def dataloader_checks(raw: dict[str, Any], dl: dict[str, Any]) -> list[Check]:
+    """A DataLoader over Parquet shards feeding a small network: samples/s against the same training
+    on batches already in memory, the share of the loop spent waiting for data, and num_workers=0."""
+    group = "data loading"
+    problem = _problem("dataloader.samples", group, "DataLoader feeding training", dl)
+    if problem:
+        return [problem]
+    planned, limit_run, zero = dl["planned"], dl["in_memory"], dl["workers0"]
+    fig, limit = planned["samples_per_s"], limit_run["samples_per_s"]
+    ratio = fig / limit
+    status = grade(ratio, LOADER_GRADES)
+    setup = f"{dl['workers']} worker(s) ({dl['workers_how']}) + {dl['threads']} training thread(s) ({dl['threads_how']})"
+    reason = f"{setup}: {ratio:.0%} of the in-memory rate, {fig / zero['samples_per_s']:.2f}x num_workers=0"
+    if ratio > 1.05:
+        reason += ": above the limit, so the in-memory run was measured low (a busy host?)"
+    elif status != PASS:
+        reason += "; the loop waits for data: more loader workers, or fewer training threads beside them"
+    detail = (
+        f"{dl['rows']:,} rows x {dl['features']} in {dl['shards']} snappy shards ({dl['shard_bytes'] / 1e6:.0f} MB) "
+        f"on {dl['where']}, batch {dl['batch']}, {dl['epochs']} epoch(s), {dl['network']}; torch {dl['torch']}"
+    )
+    out = [
+        Check(
+            "dataloader.samples",
+            group,
+            "DataLoader feeding training",
+            status,
+            reason,
+            fig,
+            "samples/s",
+            limit,
+            f"the same training on the batches already in memory ({limit:,.0f} samples/s, "
+            f"{dl['threads']} thread(s)): the loop never waits",
+            ratio,
+            detail=detail,
+        )
+    ]
+    wait = planned["wait_share"] * 100
+    ok, warn = LOADER_WAIT_PCT
+    status = PASS if wait <= ok else WARN if wait <= warn else FAIL
+    out.append(
+        Check(
+            "dataloader.wait",
+            group,
+            "training loop waiting for data",
+            status,
+            f"{wait:.0f}% of the loop in next(batch) with {dl['workers']} worker(s); "
+            f"{zero['wait_share'] * 100:.0f}% with num_workers=0",
+            wait,
+            "% of the loop",
+            ok,
+            f"within {ok:.0f}% passes, within {warn:.0f}% warns",
+            wait / ok,
+            higher_is_better=False,
+            detail=setup,
+        )
+    )
+    out.append(
+        Check(
+            "dataloader.workers0",
+            group,
+            "DataLoader with num_workers=0",
+            INFO,
+            f"decoding in the training process, {zero.get('threads')} thread(s): "
+            f"{zero['wait_share'] * 100:.0f}% of the loop waiting",
+            zero["samples_per_s"],
+            "samples/s",
+        )
+    )
+    return out
+
+
+def tensorflow_checks(raw: dict[str, Any], tf: dict[str, Any]) -> list[Check]:
+    """A Keras training step against TensorFlow's own SGEMM rate, with oneDNN in use as TensorFlow says."""
+    title = "TensorFlow Keras training step"
+    problem = _problem("tensorflow.step", "tensorflow", title, tf)
+    if problem:
+        return [problem]
+    fig, limit = tf["gflops"], tf["sgemm_gflops"]
+    ratio = fig / limit
+    status = grade(ratio, MLP_GRADES)
+    reasons = [f"{ratio:.0%} of TensorFlow's SGEMM rate ({tf['samples_per_s']:,.0f} samples/s)"]
+    if tf.get("onednn") is False:
+        status = FAIL if raw.get("mode") == "tuned" else max(status, WARN, key=lambda s: _RANK[s])
+        reasons.append("oneDNN is off (TF_ENABLE_ONEDNN_OPTS=1, role thread_env)")
+    elif tf.get("onednn") is None:
+        status = max(status, WARN, key=lambda s: _RANK[s])
+        reasons.append(f"oneDNN unknown: {tf.get('onednn_how')}")
+    else:
+        reasons.append("oneDNN on")
+    detail = (
+        f"tensorflow {tf.get('tensorflow')}, intra-op {tf.get('intra_op_threads')}, inter-op {tf.get('inter_op_threads')} "
+        f"({tf.get('threads_how')}), batch {tf.get('batch')}, width {tf.get('width')}, oneDNN: {tf.get('onednn_how')}"
+    )
+    return [
+        Check(
+            "tensorflow.step",
+            "tensorflow",
+            title,
+            status,
+            "; ".join(reasons),
+            fig,
+            "GFLOPS",
+            limit,
+            f"tf.matmul SGEMM n={tf.get('sgemm_n')} in the same process, same threads",
+            ratio,
+            detail=detail,
+        )
     ]
 
 

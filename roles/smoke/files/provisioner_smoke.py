@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import pwd
@@ -47,6 +48,11 @@ from typing import Any
 SCHEMA = 1
 PLAN_FILE = "/etc/provisioner/plan.json"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# The plan's values the workloads follow in tuned mode (absent in an older plan: each workload
+# then derives its own from the cores, and says so).
+WORKLOAD_PLAN_VALUES = ("polars_threads", "arrow_cpu_threads", "joblib_workers", "dataloader_workers",
+                        "dataloader_threads", "tf_intra_op_threads", "tf_inter_op_threads", "feature_matrix_rows",
+                        "feature_matrix_features", "feature_matrix_bytes")
 
 # Workload sizes. quick: about 90 s on a 2-core machine; full: the scale of real jobs
 # (XGBoost hist on 10M rows, 100 trees, depth 10: the GBM-perf Airline setup).
@@ -62,6 +68,12 @@ PROFILES: dict[str, dict[str, Any]] = {
         "infer_rows": 100_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 2000, "infer_repeats": 5,
         "serving_rows": 20_000, "serving_trees": 200, "serving_depth": 6, "serving_calls": 2000,
         "serving_seconds": 4, "serving_repeats": 1,
+        "sklearn_rows": 20_000, "sklearn_trees": 20, "sklearn_grid_rows": 10_000, "sklearn_grid_iter": 5,
+        "sklearn_folds": 3,
+        "features_rows": 1_000_000, "features_repeats": 3,
+        "matrix_share": None, "matrix_rows": 200_000, "matrix_folds": 4,
+        "loader_rows": 80_000, "loader_shards": 8, "loader_batch": 512, "loader_epochs": 1, "loader_width": 256,
+        "tf_batch": 1024, "tf_width": 512, "tf_steps": 10,
         "timeout": 900,
     },
     "full": {
@@ -75,11 +87,18 @@ PROFILES: dict[str, dict[str, Any]] = {
         "infer_rows": 1_000_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 20000, "infer_repeats": 5,
         "serving_rows": 200_000, "serving_trees": 200, "serving_depth": 6, "serving_calls": 20000,
         "serving_seconds": 15, "serving_repeats": 3,
+        "sklearn_rows": 200_000, "sklearn_trees": 100, "sklearn_grid_rows": 100_000, "sklearn_grid_iter": 20,
+        "sklearn_folds": 5,
+        "features_rows": 20_000_000, "features_repeats": 5,
+        "matrix_share": 0.5, "matrix_rows": None, "matrix_folds": 5,
+        "loader_rows": 4_000_000, "loader_shards": 32, "loader_batch": 1024, "loader_epochs": 2, "loader_width": 512,
+        "tf_batch": 4096, "tf_width": 2048, "tf_steps": 20,
         "timeout": 7200,
     },
 }
 
-TASKS = ("gemm", "triad", "gbdt", "mlp", "hpo", "parquet", "inference", "serving")
+TASKS = ("gemm", "triad", "gbdt", "mlp", "hpo", "parquet", "inference", "serving", "sklearn", "features", "matrix",
+         "dataloader", "tensorflow")
 
 
 def median(values: list[float]) -> float:
@@ -305,10 +324,12 @@ class Runner:
         self.threads = threads
         self.trials = trials
         self.serving_plan: dict[str, Any] | None = None
+        self.plan: dict[str, Any] = {}
 
     def worker(self, task: str, **extra: Any) -> dict[str, Any]:
         params = {"task": task, "profile": self.args.profile, "mode": self.args.mode, "threads": self.threads,
-                  "trials": self.trials, "workdir": self.workdir, **extra}
+                  "trials": self.trials, "workdir": self.workdir,
+                  "plan": {k: self.plan.get(k) for k in WORKLOAD_PLAN_VALUES}, **extra}
         cmd = [self.args.python, self.script, "worker", json.dumps(params)]
         if self.args.mode == "tuned":
             argv = ["runuser", "-l", self.args.user, "-c", shlex.join(cmd)]
@@ -360,7 +381,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu": cpu,
         "memory": {"total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), **memory_devices()},
         "plan": {k: plan.get(k) for k in ("threads_per_job", "trials", "threads_per_trial", "thp_enabled",
-                                          "thp_defrag", "cpu_governor", "blas")},
+                                          "thp_defrag", "cpu_governor", "blas", *WORKLOAD_PLAN_VALUES)},
         "threads": threads,
         "trials": trials,
         "data_dir": data_dir,
@@ -381,6 +402,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             os.chown(workdir, pw.pw_uid, pw.pw_gid)
         runner = Runner(args, script, workdir, threads, trials)
         runner.serving_plan = serving_plan
+        runner.plan = plan
         for task in [t for t in TASKS if not args.only or t in args.only]:
             t0 = time.monotonic()
             if task == "gemm":
@@ -397,6 +419,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result = parquet(runner)
             elif task == "serving":
                 result = serving(runner, cpu)
+            elif task == "features":
+                result = features(runner)
             else:
                 result = runner.worker(task)
             result["seconds"] = round(time.monotonic() - t0, 2)
@@ -405,6 +429,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
     out["seconds"] = round(time.time() - started, 2)
     return out
+
+
+def features(runner: Runner) -> dict[str, Any]:
+    """The feature pipeline in Polars (planned threads) and pandas, then Polars again on one thread:
+    Polars sizes its pool once, when it is imported, so each thread count is a process of its own."""
+    allc = runner.worker("features")
+    if "error" in allc or "skipped" in allc:
+        return allc
+    one = runner.worker("features", polars_threads=1, pandas=False)
+    if "error" in one or "skipped" in one:
+        return {**allc, "polars_one": one}
+    return {**allc, "polars_one": one["polars"]}
 
 
 def parquet(runner: Runner) -> dict[str, Any]:
@@ -1087,15 +1123,16 @@ def _trial_data(rows: int):
 
 
 def _warm(args: tuple[int, str]) -> None:
-    """Start a pool process: import the library and make the data, as a long-lived trial worker has."""
+    """Start a pool process: import the libraries and make the data, as a long-lived trial worker has."""
     rows, lib = args
     __import__(lib)
+    __import__("optuna")
     _trial_data(rows)
     time.sleep(0.5)  # hold this worker so every process of the pool gets a warm-up of its own
 
 
 def _trial(args: tuple[dict[str, Any], int | None, int, int, str]) -> float:
-    """One hyperparameter trial in its own process: train on synthetic data, return its loss."""
+    """One hyperparameter trial: train on synthetic data with `threads` (None: library default), return its loss."""
     params, threads, rows, trees, lib = args
     import numpy as np
 
@@ -1119,10 +1156,48 @@ def _trial(args: tuple[dict[str, Any], int | None, int, int, str]) -> float:
     return float(-np.mean(y[:10000] * np.log(pred + eps) + (1 - y[:10000]) * np.log(1 - pred + eps)))
 
 
+def _journal(path: str):
+    """Optuna's journal storage on one file (no database): JournalFileBackend, JournalFileStorage before Optuna 4."""
+    import optuna
+
+    try:
+        from optuna.storages.journal import JournalFileBackend
+    except ImportError:  # Optuna 3
+        return optuna.storages.JournalStorage(optuna.storages.JournalFileStorage(path)), "JournalFileStorage"
+    return optuna.storages.JournalStorage(JournalFileBackend(path)), "JournalFileBackend"
+
+
+def _study_process(args: tuple[str, int, int | None, int, int, str, int]) -> int:
+    """One process of the study: load it from the shared journal file and run `n` trials in it."""
+    path, n, threads, rows, trees, lib, seed = args
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="smoke", storage=_journal(path)[0], sampler=optuna.samplers.TPESampler(seed=seed))
+
+    def objective(trial) -> float:
+        trial.set_user_attr("pid", os.getpid())
+        params = {"num_leaves": trial.suggest_int("num_leaves", 15, 255), "max_depth": trial.suggest_int("max_depth", 4, 10),
+                  "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True)}
+        return _trial((params, threads, rows, trees, lib))
+
+    # The enqueued parameter sets come first, each taken by exactly one process through the journal.
+
+    study.optimize(objective, n_trials=n)
+    return n
+
+
 def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
+    """A real Optuna study: N processes share one journal file, each trial with its share of the cores
+    (the plan), against the same study run by one process and against every process on library defaults."""
     import importlib.util
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
+
+    missing = _missing("optuna", "hpo")
+    if missing:
+        return missing
+    import optuna
 
     s = PROFILES[p["profile"]]
     lib = "lightgbm" if importlib.util.find_spec("lightgbm") else "xgboost" if importlib.util.find_spec("xgboost") else None
@@ -1131,58 +1206,59 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
     workers = max(1, p["trials"])
     cores = p["threads"]
     per_trial = max(1, cores // workers)
-    n_trials = workers * s["hpo_trials_per_worker"]
+    each = s["hpo_trials_per_worker"]
     tuned = p["mode"] == "tuned"
-    if importlib.util.find_spec("optuna"):
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
-        asked = [study.ask() for _ in range(n_trials)]
-        params = [{"num_leaves": t.suggest_int("num_leaves", 15, 255), "max_depth": t.suggest_int("max_depth", 4, 10),
-                   "learning_rate": t.suggest_float("learning_rate", 0.02, 0.3, log=True)} for t in asked]
-        sampler = f"optuna {optuna.__version__} TPE (ask/tell)"
-    else:
-        study, asked = None, []
-        params = [{"num_leaves": 31 + 32 * (i % 7), "max_depth": 4 + i % 7, "learning_rate": 0.05 + 0.02 * (i % 5)}
-                  for i in range(n_trials)]
-        sampler = "fixed parameter sets (optuna is not installed: component hpo)"
     ctx = mp.get_context("spawn")
+    backend = _journal(os.path.join(p["workdir"], "probe.journal"))[1]
 
-    def timed(procs: int, threads: int | None, count: int | None = None) -> tuple[float, list[float]]:
-        jobs = [(prm, threads, s["hpo_rows"], s["hpo_trees"], lib) for prm in params[:count]]
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Every run evaluates the same parameter sets in the same order (enqueued in its study), so
+    # the runs differ only in how the trials share the cores.
+    rng = random.Random(0)
+    queue = [{"num_leaves": rng.randint(15, 255), "max_depth": rng.randint(4, 10),
+              "learning_rate": round(math.exp(rng.uniform(math.log(0.02), math.log(0.3))), 4)}
+             for _ in range(workers * each)]
+
+    def study_run(label: str, procs: int, threads: int | None, per_proc: int) -> dict[str, Any]:
+        path = os.path.join(p["workdir"], f"hpo-{label}.journal")
+        study = optuna.create_study(study_name="smoke", storage=_journal(path)[0], direction="minimize")
+        for params in queue[: procs * per_proc]:
+            study.enqueue_trial(params)
+        jobs = [(path, per_proc, threads, s["hpo_rows"], s["hpo_trees"], lib, i) for i in range(procs)]
         if procs == 1:
             _warm((s["hpo_rows"], lib))
             t0 = time.perf_counter()
-            losses = [_trial(j) for j in jobs]
-            return time.perf_counter() - t0, losses
-        # Started and warmed before the clock runs: a study's workers live for many trials.
-        with ProcessPoolExecutor(max_workers=procs, mp_context=ctx) as pool:
-            list(pool.map(_warm, [(s["hpo_rows"], lib)] * procs))
-            t0 = time.perf_counter()
-            losses = list(pool.map(_trial, jobs))
-            return time.perf_counter() - t0, losses
+            _study_process(jobs[0])
+            secs = time.perf_counter() - t0
+        else:
+            # Started and warmed before the clock runs: a study's workers live for many trials.
+            with ProcessPoolExecutor(max_workers=procs, mp_context=ctx) as pool:
+                list(pool.map(_warm, [(s["hpo_rows"], lib)] * procs))
+                t0 = time.perf_counter()
+                list(pool.map(_study_process, jobs))
+                secs = time.perf_counter() - t0
+        study = optuna.load_study(study_name="smoke", storage=_journal(path)[0])
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        return {"procs": procs, "threads_each": threads or "library default", "seconds": secs,
+                "trials": len(done), "trials_expected": procs * per_proc,
+                "processes_seen": len({t.user_attrs.get("pid") for t in done}),
+                "best_loss": min((t.value for t in done), default=None), "journal_bytes": os.path.getsize(path),
+                "trials_per_min": len(done) / secs * 60}
 
     runs: dict[str, Any] = {}
     if workers > 1:
         # planned: N processes, cores/N threads each (baseline: the library defaults)
-        secs, losses = timed(workers, per_trial if tuned else None)
-        runs["parallel"] = {"procs": workers, "threads_each": per_trial if tuned else "library default", "seconds": secs}
-        secs, _ = timed(1, cores if tuned else None)
-        runs["sequential"] = {"procs": 1, "threads_each": cores if tuned else "library default", "seconds": secs}
-        # One trial per process is enough to show it: oversubscribed runs can be very slow.
-        secs, _ = timed(workers, cores, count=workers)
-        runs["oversubscribed"] = {"procs": workers, "threads_each": cores, "seconds": secs, "trials": workers}
+        runs["parallel"] = study_run("parallel", workers, per_trial if tuned else None, each)
+        runs["sequential"] = study_run("sequential", 1, cores if tuned else None, workers * each)
+        # Library defaults in every process: each trial takes every CPU. One trial per process is
+        # enough to show it: oversubscribed runs can be very slow.
+        runs["oversubscribed"] = study_run("oversubscribed", workers, None, 1)
     else:
-        secs, losses = timed(1, cores if tuned else None)
-        runs["sequential"] = {"procs": 1, "threads_each": cores, "seconds": secs}
-    for r in runs.values():
-        r["trials_per_min"] = r.setdefault("trials", n_trials) / r["seconds"] * 60
-    if study is not None:
-        for t, loss in zip(asked, losses):
-            study.tell(t, loss)
-    return {"library": lib, "sampler": sampler, "trials": n_trials, "workers": workers, "cores": cores,
-            "rows": s["hpo_rows"], "trees": s["hpo_trees"], "runs": runs, "best_loss": min(losses)}
+        runs["sequential"] = study_run("sequential", 1, cores if tuned else None, each)
+    return {"library": lib, "sampler": f"optuna {optuna.__version__}, the same enqueued parameter sets in every run, one journal file per study ({backend})",
+            "storage": backend, "trials": workers * each, "workers": workers, "cores": cores,
+            "rows": s["hpo_rows"], "trees": s["hpo_trees"], "runs": runs,
+            "best_loss": min((r["best_loss"] for r in runs.values() if r["best_loss"] is not None), default=None)}
 
 
 def w_parquet_write(p: dict[str, Any]) -> dict[str, Any]:
@@ -1332,9 +1408,480 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
 
 
 
+# ---------------------------------------------------------------- workloads of real jobs
+
+
+def _planned(p: dict[str, Any], key: str, fallback: int, how: str) -> tuple[int, str]:
+    """A plan value for this workload, or `fallback` (derived here, said so) when the plan has none."""
+    value = (p.get("plan") or {}).get(key)
+    if value is not None:
+        return int(value), f"the plan's {key}"
+    return int(fallback), f"{how} (the plan has no {key})"
+
+
+def _sgemm_rate(n: int = 2048, repeats: int = 3) -> float:
+    """numpy's float32 GEMM rate in GFLOPS with the BLAS threads in force now."""
+    import numpy as np
+
+    a = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(2).standard_normal((n, n), dtype=np.float32)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / median(times) / 1e9
+
+
+def _record_threads(path: str):
+    """A GridSearchCV scorer that, inside whichever process scores, writes that process's thread pools
+    (threadpoolctl) to `path`-PID.json, then returns the accuracy."""
+
+    def scorer(estimator, x, y) -> float:
+        from threadpoolctl import threadpool_info
+
+        pools = [{"user_api": i.get("user_api"), "internal_api": i.get("internal_api"), "num_threads": i.get("num_threads")}
+                 for i in threadpool_info()]
+        with open(f"{path}-{os.getpid()}.json", "w", encoding="utf-8") as f:
+            json.dump({"pid": os.getpid(), "pools": pools}, f)
+        return float((estimator.predict(x) == y).mean())
+
+    return scorer
+
+
+def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
+    """scikit-learn: a RandomForest fit on all cores against one, and a GridSearchCV on the planned
+    loky workers against the same search run sequentially, with every worker's BLAS threads read
+    inside the worker (threadpoolctl)."""
+    missing = _missing("sklearn", "core")
+    if missing:
+        return missing
+    import glob
+    import warnings
+
+    import sklearn
+    from joblib import Parallel, delayed, parallel_config
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.neural_network import MLPClassifier
+
+    warnings.filterwarnings("ignore", category=ConvergenceWarning)
+    s = PROFILES[p["profile"]]
+    tuned = p["mode"] == "tuned"
+    cores = p["threads"]
+    x, y = _data(s["sklearn_rows"], 20, seed=21)
+    out: dict[str, Any] = {"sklearn": sklearn.__version__, "rows": s["sklearn_rows"], "trees": s["sklearn_trees"]}
+
+    forest: dict[str, Any] = {}
+    for label, jobs in (("all", cores if tuned else None), ("one", 1)):
+        times = []
+        for _ in range(2):
+            model = RandomForestClassifier(n_estimators=s["sklearn_trees"], max_depth=12, n_jobs=jobs, random_state=0)
+            t0 = time.perf_counter()
+            model.fit(x, y)
+            times.append(time.perf_counter() - t0)
+        forest[label] = {"n_jobs": jobs or "library default (None: one)", "times_s": times,
+                         "row_trees_per_s": s["sklearn_rows"] * s["sklearn_trees"] / median(times)}
+    out["forest"] = forest
+
+    workers, how = _planned(p, "joblib_workers", cores, "the physical cores")
+    gx, gy = _data(s["sklearn_grid_rows"], 64, seed=22)
+    grid = {"hidden_layer_sizes": [(64,), (128,)], "alpha": [1e-4, 1e-2]}
+    fits = len(grid["hidden_layer_sizes"]) * len(grid["alpha"]) * s["sklearn_folds"]
+    record = os.path.join(p["workdir"], "sklearn-threads")
+    base = MLPClassifier(max_iter=s["sklearn_grid_iter"], random_state=0)
+
+    share = max(1, cores // workers) if tuned else None
+    # loky caps its workers' BLAS and OpenMP pools at cores // n_jobs only where the thread
+    # variables are unset; a job's OMP_NUM_THREADS (role thread_env) passes into every worker
+    # as it is, so the planned search sets the workers' share itself.
+    pool = parallel_config(backend="loky", inner_max_num_threads=share) if tuned else contextlib.nullcontext()
+
+    def search(n_jobs: int | None, threads: int | None) -> float:
+        gs = GridSearchCV(base, grid, cv=s["sklearn_folds"], n_jobs=n_jobs, scoring=_record_threads(record), refit=False)
+        with _limits(threads):
+            t0 = time.perf_counter()
+            gs.fit(gx, gy)
+            return time.perf_counter() - t0
+
+    with pool:
+        # loky's workers start once and stay for the next call: started before the clock, as in a long search.
+        Parallel(n_jobs=workers if tuned else None)(delayed(abs)(i) for i in range(4 * workers))
+        for f in glob.glob(record + "-*.json"):
+            os.remove(f)
+        par_s = search(workers if tuned else None, None)
+    seen = []
+    for f in sorted(glob.glob(record + "-*.json")):
+        with open(f, encoding="utf-8") as fh:
+            seen.append(json.load(fh))
+        os.remove(f)
+    seq_s = search(1, cores if tuned else None)
+    candidates = fits // s["sklearn_folds"]
+    out["grid"] = {
+        "estimator": f"MLPClassifier(max_iter={s['sklearn_grid_iter']})", "grid": {k: [str(v) for v in vs] for k, vs in grid.items()},
+        "candidates": candidates, "folds": s["sklearn_folds"], "rows": s["sklearn_grid_rows"],
+        "n_jobs": workers if tuned else "library default (None: one)", "n_jobs_how": how if tuned else "library default",
+        "inner_max_num_threads": share if tuned else "library default",
+        "share": share, "cores": cores,
+        "parallel_s": par_s, "sequential_s": seq_s,
+        "parallel_per_min": candidates / par_s * 60, "sequential_per_min": candidates / seq_s * 60,
+        "workers_seen": [{"pid": w["pid"], "main": w["pid"] == os.getpid(),
+                          "blas": [q["num_threads"] for q in w["pools"] if q["user_api"] == "blas"],
+                          "openmp": [q["num_threads"] for q in w["pools"] if q["user_api"] == "openmp"]} for w in seen],
+    }
+    return out
+
+
+def _features_frame(rows: int):
+    import numpy as np
+
+    rng = np.random.default_rng(31)
+    keys = 50_000
+    return {
+        "key": rng.integers(0, keys, rows, dtype=np.int32), "cat": rng.integers(0, 16, rows, dtype=np.int8),
+        "x": rng.standard_normal(rows, dtype=np.float32), "y": rng.standard_normal(rows, dtype=np.float32),
+        "t": np.arange(rows, dtype=np.int64),
+    }, {"key": np.arange(keys, dtype=np.int32), "w": rng.standard_normal(keys, dtype=np.float32)}
+
+
+def w_features(p: dict[str, Any]) -> dict[str, Any]:
+    """One feature pipeline (filter, group-by aggregate, join, window) in Polars and in pandas over
+    the same in-memory frame: rows/s of each. Polars' threads are fixed at import: set them first."""
+    for module in ("polars", "pandas"):
+        missing = _missing(module, "core")
+        if missing:
+            return missing
+    tuned = p["mode"] == "tuned"
+    if p.get("polars_threads"):
+        threads, how = int(p["polars_threads"]), "one thread (the scaling run)"
+    elif tuned:
+        threads, how = _planned(p, "polars_threads", p["threads"], "threads_per_job")
+    else:
+        threads, how = None, "library default"
+    if threads:
+        os.environ["POLARS_MAX_THREADS"] = str(threads)
+    else:
+        os.environ.pop("POLARS_MAX_THREADS", None)
+    import polars as pl
+
+    s = PROFILES[p["profile"]]
+    rows = s["features_rows"]
+    cols, dim_cols = _features_frame(rows)
+    df, dim = pl.DataFrame(cols), pl.DataFrame(dim_cols)
+
+    def polars_once() -> tuple[int, float]:
+        kept = df.lazy().filter(pl.col("x") > -0.5)
+        agg = kept.group_by("key").agg(pl.col("x").mean().alias("x_mean"), pl.col("y").sum().alias("y_sum"),
+                                       pl.len().alias("n"))
+        out = (kept.join(agg, on="key", how="left").join(dim.lazy(), on="key", how="left").sort("t")
+               .with_columns((pl.col("y") * pl.col("w")).cum_sum().over("key").alias("y_cum"),
+                             (pl.col("x") - pl.col("x_mean")).alias("x_dev"))
+               .collect())
+        return out.height, float(out["y_cum"].sum())
+
+    def timed(fn) -> tuple[list[float], Any]:
+        got = fn()  # warm: allocator, caches, the thread pool
+        times = []
+        for _ in range(s["features_repeats"]):
+            t0 = time.perf_counter()
+            got = fn()
+            times.append(time.perf_counter() - t0)
+        return times, got
+
+    times, got = timed(polars_once)
+    result: dict[str, Any] = {"rows": rows, "repeats": s["features_repeats"],
+                              "pipeline": "filter, group-by aggregate (mean, sum, count), two joins, window (cumulative sum over key, deviation from the key's mean)",
+                              "polars": {"version": pl.__version__, "threads": pl.thread_pool_size(), "threads_how": how,
+                                         "times_s": times, "rows_per_s": rows / median(times), "result_rows": got[0],
+                                         "checksum": got[1]}}
+    if p.get("pandas", True):
+        import pandas as pd
+
+        pdf, pdim = pd.DataFrame(cols), pd.DataFrame(dim_cols)
+
+        def pandas_once() -> tuple[int, float]:
+            kept = pdf[pdf["x"] > -0.5]
+            agg = kept.groupby("key", as_index=False).agg(x_mean=("x", "mean"), y_sum=("y", "sum"), n=("y", "size"))
+            out = kept.merge(agg, on="key", how="left").merge(pdim, on="key", how="left").sort_values("t")
+            out["y_cum"] = (out["y"] * out["w"]).groupby(out["key"]).cumsum()
+            out["x_dev"] = out["x"] - out["x_mean"]
+            return len(out), float(out["y_cum"].sum())
+
+        ptimes, pgot = timed(pandas_once)
+        result["pandas"] = {"version": pd.__version__, "threads": 1, "times_s": ptimes, "rows_per_s": rows / median(ptimes),
+                            "result_rows": pgot[0], "checksum": pgot[1]}
+    return result
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    for line in (read("/proc/meminfo", "") or "").splitlines():
+        name, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            out[name] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _swapped_out() -> int:
+    m = re.search(r"^pswpout (\d+)$", read("/proc/vmstat", "") or "", re.M)
+    return int(m.group(1)) if m else 0
+
+
+MATRIX_FEATURES = 200  # the plan's default width (plan_feature_matrix_features)
+MATRIX_MARGIN = 0.5  # without a plan: half of what is available now, for the rest of the job and the OS
+
+
+def w_matrix(p: dict[str, Any]) -> dict[str, Any]:
+    """The in-RAM feature matrix: build a float32 rows x features matrix once, then a K-fold
+    cross-validation of ridge regression over it without reloading or copying it (each fold a
+    contiguous view; a fold's training Gram matrix is the total minus its own)."""
+    import resource
+
+    import numpy as np
+
+    s = PROFILES[p["profile"]]
+    tuned = p["mode"] == "tuned"
+    plan = p.get("plan") or {}
+    features = int(plan.get("feature_matrix_features") or MATRIX_FEATURES)
+    mem = _meminfo()
+    if s["matrix_rows"]:  # quick: a small one
+        rows, how = int(s["matrix_rows"]), f"the quick profile's {s['matrix_rows']:,} rows"
+        planned = plan.get("feature_matrix_rows")
+    elif plan.get("feature_matrix_rows"):
+        planned = int(plan["feature_matrix_rows"])
+        rows, how = int(planned * s["matrix_share"]), f"{s['matrix_share']:.0%} of the plan's feature_matrix_rows"
+    else:
+        planned = int(mem.get("MemAvailable", 0) * MATRIX_MARGIN / (4 * (features + 1)))
+        rows = int(planned * s["matrix_share"])
+        how = (f"{s['matrix_share']:.0%} of {MATRIX_MARGIN:.0%} of MemAvailable over {4 * (features + 1)} B a row "
+               "(the plan has no feature_matrix_rows)")
+    folds = s["matrix_folds"]
+    rows -= rows % folds
+    threads = p["threads"] if tuned else None
+    swap0 = _swapped_out()
+    with _limits(threads):
+        sgemm = _sgemm_rate(2048 if p["profile"] == "quick" else 4096)
+        t0 = time.perf_counter()
+        x = np.empty((rows, features), dtype=np.float32)
+        y = np.empty(rows, dtype=np.float32)
+        rng = np.random.default_rng(41)
+        w = rng.standard_normal(features).astype(np.float32)
+        chunk = max(1, (64 << 20) // (4 * features))
+        for i in range(0, rows, chunk):
+            block = x[i : i + chunk]
+            rng.standard_normal(out=block, dtype=np.float32)
+            np.matmul(block, w, out=y[i : i + chunk])
+            y[i : i + chunk] += rng.standard_normal(len(block), dtype=np.float32)
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        size = rows // folds
+        grams, xty = [], []
+        for k in range(folds):
+            xk, yk = x[k * size : (k + 1) * size], y[k * size : (k + 1) * size]  # views, no copy
+            grams.append((xk.T @ xk).astype(np.float64))
+            xty.append((xk.T @ yk).astype(np.float64))
+        total_g, total_b = sum(grams), sum(xty)
+        sse = sst = 0.0
+        lam = 1.0 * rows / folds
+        for k in range(folds):
+            coef = np.linalg.solve(total_g - grams[k] + lam * np.eye(features), total_b - xty[k])
+            xk, yk = x[k * size : (k + 1) * size], y[k * size : (k + 1) * size]
+            resid = yk - xk @ coef.astype(np.float32)
+            sse += float(resid @ resid)
+            sst += float(((yk - yk.mean()) ** 2).sum())
+        cv_s = time.perf_counter() - t0
+    flops = 2.0 * rows * features * features + 2.0 * rows * features * 2
+    return {"rows": rows, "features": features, "bytes": x.nbytes + y.nbytes, "rows_how": how,
+            "planned_rows": planned, "planned_bytes": plan.get("feature_matrix_bytes"), "folds": folds,
+            "threads": threads or "library default", "build_s": build_s, "build_gbps": (x.nbytes + y.nbytes) / build_s / 1e9,
+            "cv_s": cv_s, "cv_gflops": flops / cv_s / 1e9, "sgemm_gflops": sgemm, "r2": 1 - sse / sst if sst else None,
+            "mem_available_before": mem.get("MemAvailable"), "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "swapped_out_pages": _swapped_out() - swap0,
+            "how": "ridge regression, K folds as contiguous row views; per-fold Gram matrices once, each fold's "
+                   "training Gram = total - its own: one pass over the matrix, no copy"}
+
+
+def _write_shards(directory: str, rows: int, shards: int, features: int) -> list[str]:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(51)
+    w = rng.standard_normal(features).astype(np.float32)
+    paths = []
+    per = rows // shards
+    for i in range(shards):
+        x = rng.standard_normal((per, features), dtype=np.float32)
+        cols = {f"f{j}": x[:, j] for j in range(features)}
+        cols["label"] = (x @ w > 0).astype(np.float32)
+        path = os.path.join(directory, f"shard-{i:03d}.parquet")
+        pq.write_table(pa.table(cols), path, compression="snappy", row_group_size=16384)
+        paths.append(path)
+    return paths
+
+
+LOADER_FEATURES = 64
+
+
+def _shard_dataset(paths: list[str], batch: int):
+    """An IterableDataset over Parquet shards, each DataLoader worker reading its own; every batch
+    decoded, stacked and standardised in the worker (what a data pipeline does before the model)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    class Shards(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            mine = paths if info is None else paths[info.id :: info.num_workers]
+            for path in mine:
+                for rb in pq.ParquetFile(path).iter_batches(batch_size=batch):
+                    x = np.stack([rb.column(j).to_numpy() for j in range(LOADER_FEATURES)], axis=1)
+                    x = (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-6)
+                    label = np.array(rb.column(LOADER_FEATURES).to_numpy(), dtype=np.float32)  # a writable copy
+                    yield torch.from_numpy(x), torch.from_numpy(label).unsqueeze(1)
+
+    return Shards()
+
+
+def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
+    """PyTorch data loading: a DataLoader over Parquet shards on the data mount feeding a small
+    network, with the planned workers next to the training threads, against num_workers=0 and
+    against the same training on batches already in memory (the loop never waits)."""
+    for module, component in (("torch", "torch"), ("pyarrow", "core")):
+        missing = _missing(module, component)
+        if missing:
+            return missing
+    import torch
+
+    s = PROFILES[p["profile"]]
+    tuned = p["mode"] == "tuned"
+    cores = p["threads"]
+    if tuned:
+        workers, whow = _planned(p, "dataloader_workers", 0 if cores < 2 else max(1, cores // 4),
+                                 "a worker per 4 physical cores, at least 1")
+        threads, thow = _planned(p, "dataloader_threads", max(1, cores - workers), "the cores the workers leave")
+    else:
+        workers, whow, threads, thow = 0, "library default (num_workers=0)", None, "library default"
+    paths = _write_shards(os.path.join(p["workdir"], "shards"), s["loader_rows"], s["loader_shards"], LOADER_FEATURES)
+    data_bytes = sum(os.path.getsize(f) for f in paths)
+
+    def network():
+        torch.manual_seed(0)
+        width = s["loader_width"]
+        model = torch.nn.Sequential(torch.nn.Linear(LOADER_FEATURES, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                                    torch.nn.ReLU(), torch.nn.Linear(width, 1))
+        return model, torch.optim.SGD(model.parameters(), lr=0.01), torch.nn.BCEWithLogitsLoss()
+
+    def train(batches, epochs: int) -> dict[str, Any]:
+        model, opt, loss_fn = network()
+        samples, wait, first = 0, 0.0, True
+        t_start = None
+        for _ in range(epochs):
+            it = iter(batches())
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    xb, yb = next(it)
+                except StopIteration:
+                    break
+                if first:  # the workers' start and the first batch are not the steady state
+                    first, t_start = False, time.perf_counter()
+                else:
+                    wait += time.perf_counter() - t0
+                    samples += len(xb)
+                opt.zero_grad()
+                loss_fn(model(xb), yb).backward()
+                opt.step()
+        total = time.perf_counter() - (t_start or time.perf_counter())
+        return {"samples": samples, "seconds": total, "samples_per_s": samples / total if total else None,
+                "wait_share": wait / total if total else None}
+
+    def loader(num_workers: int):
+        return lambda: torch.utils.data.DataLoader(
+            _shard_dataset(paths, s["loader_batch"]), batch_size=None, num_workers=num_workers,
+            **({"prefetch_factor": 4, "persistent_workers": False} if num_workers else {}))
+
+    if threads:
+        torch.set_num_threads(threads)
+    in_memory = list(loader(0)())
+    limit = train(lambda: in_memory, s["loader_epochs"])
+    planned = train(loader(workers), s["loader_epochs"])
+    if tuned:
+        torch.set_num_threads(cores)
+    inline = train(loader(0), s["loader_epochs"])
+    return {"torch": torch.__version__, "rows": s["loader_rows"], "shards": len(paths), "shard_bytes": data_bytes,
+            "batch": s["loader_batch"], "epochs": s["loader_epochs"], "features": LOADER_FEATURES,
+            "network": f"MLP {LOADER_FEATURES}-{s['loader_width']}-{s['loader_width']}-1, SGD",
+            "workers": workers, "workers_how": whow, "threads": threads or torch.get_num_threads(),
+            "threads_how": thow, "planned": planned, "in_memory": limit,
+            "workers0": {**inline, "threads": torch.get_num_threads()}, "where": os.path.dirname(paths[0])}
+
+
+def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
+    """TensorFlow: a small Keras network's training step against TensorFlow's own SGEMM rate in the
+    same process, with oneDNN in use as TensorFlow reports it."""
+    missing = _missing("tensorflow", "tensorflow")
+    if missing:
+        return missing
+    tuned = p["mode"] == "tuned"
+    if tuned:
+        intra, ihow = _planned(p, "tf_intra_op_threads", p["threads"], "threads_per_job")
+        inter, jhow = _planned(p, "tf_inter_op_threads", 1, "one")
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    import tensorflow as tf
+
+    if tuned:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        onednn = bool(_pywrap_util_port.IsMklEnabled())
+        onednn_how = "TensorFlow's IsMklEnabled() (oneDNN operations on)"
+    except (ImportError, AttributeError) as exc:
+        onednn, onednn_how = None, f"TensorFlow does not say ({exc})"
+    s = PROFILES[p["profile"]]
+    n = 2048
+    a, b = tf.random.normal((n, n)), tf.random.normal((n, n))
+    mm = tf.function(lambda u, v: tf.matmul(u, v))
+    mm(a, b).numpy()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        mm(a, b).numpy()
+        times.append(time.perf_counter() - t0)
+    sgemm = 2 * n**3 / median(times) / 1e9
+    inputs, width, batch = 256, s["tf_width"], s["tf_batch"]
+    model = tf.keras.Sequential([tf.keras.Input((inputs,)), tf.keras.layers.Dense(width, activation="relu"),
+                                 tf.keras.layers.Dense(width, activation="relu"), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+    x, y = tf.random.normal((batch, inputs)), tf.random.normal((batch, 1))
+    for _ in range(3):
+        model.train_on_batch(x, y)
+    step_times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(s["tf_steps"]):
+            model.train_on_batch(x, y)
+        step_times.append((time.perf_counter() - t0) / s["tf_steps"])
+    weights = inputs * width + width * width + width
+    return {"tensorflow": tf.__version__, "onednn": onednn, "onednn_how": onednn_how,
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads() or "library default",
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "library default",
+            "threads_how": f"{ihow}; {jhow}" if tuned else "library default",
+            "batch": batch, "width": width, "step_s": step_times, "samples_per_s": batch / median(step_times),
+            "gflops": 6 * batch * weights / median(step_times) / 1e9, "sgemm_gflops": sgemm, "sgemm_n": n}
+
+
 WORKERS = {"gemm": w_gemm, "clock": w_clock, "triad": w_triad, "gbdt": w_gbdt, "mlp": w_mlp, "hpo": w_hpo,
            "parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan, "inference": w_inference,
-           "serving_model": w_serving_model}
+           "serving_model": w_serving_model, "sklearn": w_sklearn, "features": w_features, "matrix": w_matrix,
+           "dataloader": w_dataloader, "tensorflow": w_tensorflow}
 
 
 def worker(params: dict[str, Any]) -> None:
