@@ -1,6 +1,8 @@
 """What the mlstack role promises, checked on the target: the environment exists and belongs to
 the ML user, the system Python got no packages, the pins are installed, and the doctor passes
-(BLAS kernel for the CPU, one OpenMP runtime, the plan's threads, torch with MKL and oneDNN)."""
+(BLAS kernel for the CPU, one OpenMP runtime with every component's libraries imported together,
+the plan's threads, the thread variables of the login shell, torch with MKL and oneDNN, Optuna,
+TensorFlow and Ray importing where their component is installed)."""
 
 from __future__ import annotations
 
@@ -98,8 +100,15 @@ def test_doctor_passes(host, venv, owner):
     assert r.rc == 0 and result["ok"], f"mlstack-doctor failed: {'; '.join(failed)}"
     names = {c["name"] for c in result["checks"] if c["status"] == "pass"}
     assert {"imports", "blas-kernel", "openmp", "threads"} <= names
+    if host.file("/etc/provisioner/threads.conf").exists:  # thread_env ran: its variables reach the login shell
+        assert "thread-env" in names, next(c["detail"] for c in result["checks"] if c["name"] == "thread-env")
     if "torch" in result["components"]:
         assert {"torch-mkl", "torch-mkldnn"} <= names
+    libraries = {"hpo": "optuna", "tensorflow": "tensorflow", "distributed": "ray"}
+    for component, check in libraries.items():
+        if component in result["components"]:
+            assert check in names, f"the {component} component is installed but the doctor's {check} check did not pass"
+            assert result["packages"].get(check), f"no {check} version in the doctor's report"
 
 
 def test_jupyter_kernel_carries_the_threads(host, venv, manifest):
