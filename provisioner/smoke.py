@@ -1007,13 +1007,12 @@ def matrix_checks(raw: dict[str, Any], mx: dict[str, Any]) -> list[Check]:
         status, reason = FAIL, f"the cross-validation's R² is {r2}: the folds were not computed over the matrix built"
     else:
         status, reason = PASS, f"{mx['rows']:,} x {mx['features']} float32 held and cross-validated, no page swapped out"
-    basis = (
-        f"the plan's largest matrix this host holds ({number(limit)} GB)"
-        if mx.get("planned_bytes")
-        else f"the largest matrix by {mx['rows_how']}"
-        if limit
-        else ""
-    )
+    if not limit:
+        basis = ""
+    elif mx.get("planned_from_plan", True):
+        basis = f"the plan's largest matrix this host holds without swapping ({number(limit)} GB)"
+    else:
+        basis = f"the largest matrix by the workload's own rule ({number(limit)} GB): the plan has no feature_matrix_rows"
     out.append(
         Check(
             "matrix.memory",

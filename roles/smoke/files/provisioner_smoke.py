@@ -1646,17 +1646,16 @@ def w_matrix(p: dict[str, Any]) -> dict[str, Any]:
     plan = p.get("plan") or {}
     features = int(plan.get("feature_matrix_features") or MATRIX_FEATURES)
     mem = _meminfo()
-    if s["matrix_rows"]:  # quick: a small one
-        rows, how = int(s["matrix_rows"]), f"the quick profile's {s['matrix_rows']:,} rows"
-        planned = plan.get("feature_matrix_rows")
-    elif plan.get("feature_matrix_rows"):
-        planned = int(plan["feature_matrix_rows"])
-        rows, how = int(planned * s["matrix_share"]), f"{s['matrix_share']:.0%} of the plan's feature_matrix_rows"
-    else:
+    if plan.get("feature_matrix_rows"):
+        planned, whose = int(plan["feature_matrix_rows"]), "the plan's feature_matrix_rows"
+    else:  # the largest one by a safe rule of its own: half of what is available now
         planned = int(mem.get("MemAvailable", 0) * MATRIX_MARGIN / (4 * (features + 1)))
-        rows = int(planned * s["matrix_share"])
-        how = (f"{s['matrix_share']:.0%} of {MATRIX_MARGIN:.0%} of MemAvailable over {4 * (features + 1)} B a row "
-               "(the plan has no feature_matrix_rows)")
+        whose = (f"{MATRIX_MARGIN:.0%} of MemAvailable over {4 * (features + 1)} B a row "
+                 "(the plan has no feature_matrix_rows)")
+    if s["matrix_rows"]:  # quick: a small one
+        rows, how = min(int(s["matrix_rows"]), planned), f"the quick profile's {s['matrix_rows']:,} rows; largest: {whose}"
+    else:
+        rows, how = int(planned * s["matrix_share"]), f"{s['matrix_share']:.0%} of {whose}"
     folds = s["matrix_folds"]
     rows -= rows % folds
     threads = p["threads"] if tuned else None
@@ -1694,7 +1693,8 @@ def w_matrix(p: dict[str, Any]) -> dict[str, Any]:
         cv_s = time.perf_counter() - t0
     flops = 2.0 * rows * features * features + 2.0 * rows * features * 2
     return {"rows": rows, "features": features, "bytes": x.nbytes + y.nbytes, "rows_how": how,
-            "planned_rows": planned, "planned_bytes": plan.get("feature_matrix_bytes"), "folds": folds,
+            "planned_rows": planned, "planned_bytes": plan.get("feature_matrix_bytes") or planned * features * 4,
+            "planned_from_plan": bool(plan.get("feature_matrix_rows")), "folds": folds,
             "threads": threads or "library default", "build_s": build_s, "build_gbps": (x.nbytes + y.nbytes) / build_s / 1e9,
             "cv_s": cv_s, "cv_gflops": flops / cv_s / 1e9, "sgemm_gflops": sgemm, "r2": 1 - sse / sst if sst else None,
             "mem_available_before": mem.get("MemAvailable"), "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
