@@ -84,7 +84,7 @@ def main() -> None:
     made = not args.server
     try:
         server = lab.up(name)
-        wheelhouse = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt"]).path
+        wheelhouse = bundle.build_wheelhouse(bundle.default_wheelhouse(), list(bundle.DEFAULT_COMPONENTS)).path
         offline = ("-e", f"mlstack_wheelhouse={wheelhouse}")
         inv = str(server.inventory)
         converge, _ = up(inv, offline, profile=False)

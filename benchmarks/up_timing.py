@@ -41,7 +41,7 @@ def main() -> None:
         inv = str(server.inventory)
         from provisioner import bundle
 
-        wheelhouse = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt"]).path
+        wheelhouse = bundle.build_wheelhouse(bundle.default_wheelhouse(), list(bundle.DEFAULT_COMPONENTS)).path
         offline = ("-e", f"mlstack_wheelhouse={wheelhouse}")
         first, _ = timed("up", "-i", inv, "--no-verify", *offline)
         reruns, common_only = [], []

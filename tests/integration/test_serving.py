@@ -130,6 +130,9 @@ def served(lab_requirements):
             "--no-smoke",
             "-e",
             f"mlstack_wheelhouse={wheelhouse}",
+            # What the models need (the default stack's torch and Optuna are test_up's to install).
+            "-e",
+            "mlstack_components=[core,gbdt,serving]",
             "-e",
             "serving_enabled=true",
             "-e",
