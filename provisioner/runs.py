@@ -120,7 +120,9 @@ class RunResult:
     def errors(self) -> list[str]:
         """Every host's one-line errors, failures first, each naming its host (in a fleet, a
         task's failure alone does not say where)."""
-        return [e if e.startswith(f"{h.host}: ") else f"{h.host}: {e}" for h in failures_first(self.hosts.values()) for e in h.errors]
+        return [
+            e if e.startswith(f"{h.host}: ") else f"{h.host}: {e}" for h in failures_first(self.hosts.values()) for e in h.errors
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {
