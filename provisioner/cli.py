@@ -290,7 +290,11 @@ def bundle(
     dest: Annotated[Path | None, typer.Argument(help="Wheelhouse directory (default: /var/cache/provisioner/wheelhouse)")] = None,
     component: Annotated[
         list[str] | None,
-        typer.Option("-c", "--component", help="core, gbdt, torch, hpo, distributed, serving, notebook, sklearnex; repeatable."),
+        typer.Option(
+            "-c",
+            "--component",
+            help="core, gbdt, torch, hpo, serving (the default), tensorflow, distributed, notebook, sklearnex; repeatable.",
+        ),
     ] = None,
     glibc: Annotated[
         str | None, typer.Option("--glibc", help="Oldest glibc of the targets (manylinux tag; default: the lock's).")

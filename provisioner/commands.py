@@ -347,7 +347,7 @@ def bundle(
     extra_index_urls: Sequence[str] = (),
     torch_index_url: str | None = None,
 ) -> Result[Any]:
-    """Build a wheelhouse of the lock's pins for some components (the default: core and gbdt),
+    """Build a wheelhouse of the lock's pins for some components (the default: role mlstack's, bundle.DEFAULT_COMPONENTS),
     or, with `update_lock`, resolve the lock's requirements again and rewrite the lock file."""
     from . import bundle as bundles
 
@@ -362,7 +362,7 @@ def bundle(
         return Result("bundle", LockUpdate(path, counts), messages=("rebuild the wheelhouses from it: provisioner bundle",))
     built = bundles.build_wheelhouse(
         dest or bundles.default_wheelhouse(),
-        list(components) or ["core", "gbdt"],
+        list(components) or list(bundles.DEFAULT_COMPONENTS),
         lock_path=lock or bundles.DEFAULT_LOCK,
         python_version=python,
         platforms=bundles.manylinux_platforms(glibc) if glibc else None,
