@@ -1808,6 +1808,7 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
     if threads:
         torch.set_num_threads(threads)
     in_memory = list(loader(0)())
+    train(lambda: in_memory[:20], 1)  # warm: torch's first steps allocate what every later step reuses
     limit = train(lambda: in_memory, s["loader_epochs"])
     planned = train(loader(workers), s["loader_epochs"])
     if tuned:
