@@ -166,6 +166,9 @@ def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
         "config.data_mount", "compute.dgemm_all", "compute.dgemm_one", "compute.sgemm_all", "compute.sgemm_one",
         "memory.triad", "gbdt.xgboost", "gbdt.lightgbm", "gbdt.catboost", "torch.mlp", "hpo.parallel",
         "hpo.oversubscribed", "data.parquet", "inference.p50", "inference.p99",
+        # The team's jobs (docs/workloads.md), each in the quick profile.
+        "sklearn.forest", "sklearn.grid", "sklearn.threads", "features.polars", "features.pandas",
+        "matrix.cv", "dataloader.samples", "tensorflow.step",
     }
     threads = rep["hardware"]["threads"]
     # Configuration as the workloads see it: thread_env's values in a login shell and in a service.
@@ -182,8 +185,13 @@ def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
     assert "GHz" in checks["compute.dgemm_all"]["basis"]
     assert checks["gbdt.xgboost"]["detail"].startswith("1,000,000 x 28, depth 8, 100 trees")
     assert "median of" in checks["compute.dgemm_all"]["detail"]
-    # The stack was installed without torch: said so, with the component that brings it.
-    assert checks["torch.mlp"]["status"] == "skip" and "component torch" in checks["torch.mlp"]["reason"]
+    # The default stack brings torch and Optuna; TensorFlow is opt-in: a skip naming its component.
+    assert checks["torch.mlp"]["figure"] > 0, checks["torch.mlp"]
+    assert checks["tensorflow.step"]["status"] == "skip" and "tensorflow" in checks["tensorflow.step"]["reason"]
+    # GridSearchCV's loky workers run within their share of BLAS threads (no oversubscription).
+    assert checks["sklearn.threads"]["status"] == "pass", checks["sklearn.threads"]
+    for key in ("sklearn.grid", "features.polars", "dataloader.samples"):
+        assert checks[key]["figure"] > 0 and checks[key]["limit"] > 0, checks[key]
     # The baseline measured before provisioning sits next to the tuned figures.
     assert rep["baseline_started"] == provisioned["baseline"][1]["hosts"][host]["started"]
     for key in ("compute.dgemm_all", "hpo.parallel", "inference.p99"):
