@@ -342,8 +342,8 @@ def _strategy_env(choice: str | None) -> dict[str, str]:
     spec = importlib.util.find_spec("ansible_mitogen")
     if spec is None or not spec.submodule_search_locations:
         raise BadInput(f"{STRATEGY_ENV}=mitogen needs the mitogen package beside provisioner: pip install mitogen")
-    strategies = Path(next(iter(spec.submodule_search_locations))) / "plugins" / "strategy"
-    return {"ANSIBLE_STRATEGY_PLUGINS": str(strategies), "ANSIBLE_STRATEGY": "mitogen_linear"}
+    # Mitogen's linear strategy with its CPU pinning switched off (plugins/strategy says why).
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(paths.PLUGINS / "strategy"), "ANSIBLE_STRATEGY": "provisioner_mitogen_linear"}
 
 
 @contextmanager

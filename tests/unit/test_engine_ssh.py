@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner import engine
+from provisioner import engine, paths
 from provisioner.errors import BadInput
 
 GIB = 2**30
@@ -101,9 +101,31 @@ def test_the_strategy_is_ansibles_unless_mitogen_is_asked_for(tmp_path, monkeypa
     (package / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert engine._strategy_env("mitogen") == {
-        "ANSIBLE_STRATEGY_PLUGINS": str(package / "plugins" / "strategy"),
-        "ANSIBLE_STRATEGY": "mitogen_linear",
+        "ANSIBLE_STRATEGY_PLUGINS": str(paths.PLUGINS / "strategy"),
+        "ANSIBLE_STRATEGY": "provisioner_mitogen_linear",
     }
+
+
+def test_under_mitogen_a_task_keeps_every_cpu(tmp_path):
+    """Mitogen pins its processes and what they start to CPU subsets; provisioner's wrapper of
+    its strategy switches that off, so a local task sees the CPUs the run was started with."""
+    pytest.importorskip("ansible_mitogen", reason="the mitogen package (the test extra) is not installed")
+    play = tmp_path / "play.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.command: python3 -c 'import os; print(sorted(os.sched_getaffinity(0)))'\n"
+        "      register: cpus\n      changed_when: false\n"
+        "    - ansible.builtin.debug: {msg: 'CPUS={{ cpus.stdout }}'}\n"
+    )
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}", str(play)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **engine._strategy_env("mitogen"), "ANSIBLE_NOCOLOR": "1"},
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"CPUS={sorted(os.sched_getaffinity(0))}" in r.stdout, r.stdout[-2000:]
 
 
 def test_testinfra_reads_the_same_masters_while_verify_runs(monkeypatch):
