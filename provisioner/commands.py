@@ -148,7 +148,8 @@ def up(
         errors += outcome.smoked.run.errors
         outcome.published, published = publish_metrics(inv, outcome.smoked.reports, accept_new_host_keys=accept_new_host_keys)
         errors += outcome.published.errors if outcome.published else []
-    messages = (*reboot_messages(outcome.decision, allowed=reboot), *published)
+    warnings = [f"warning: {w}" for w in run.warnings]
+    messages = (*warnings, *reboot_messages(outcome.decision, allowed=reboot), *published)
     return Result("up", outcome, outcome.exit_code, messages, tuple(errors))
 
 

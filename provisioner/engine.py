@@ -25,7 +25,7 @@ import yaml
 
 from . import paths
 from .errors import BadInput, ProvisionerError
-from .runs import Change, Diff, HostResult, ProgressCallback, RunResult
+from .runs import WARNING_PREFIX, Change, Diff, HostResult, ProgressCallback, RunResult
 from .system import locked
 
 # Keep this many runs' artifacts (events, stdout) in the state directory.
@@ -578,6 +578,9 @@ class _EventCollector:
             self.reached[host_name] = max(self.reached.get(host_name, -1), position)
         elif kind == "runner_on_ok":
             self._ok(host, task, res)
+            self._warning(host, data, res)
+        elif kind == "runner_item_on_ok":
+            self._warning(host, data, res)
         elif kind == "runner_on_failed":
             if data.get("ignore_errors"):
                 host.ok += 1
@@ -605,6 +608,14 @@ class _EventCollector:
             self.facts.setdefault(host.host, {}).update(res["ansible_facts"])
         if res.get("changed"):
             self.changes.append(Change(host.host, task, diffs_of(res.get("diff"))))
+
+    @staticmethod
+    def _warning(host: HostResult, data: dict[str, Any], res: dict[str, Any]) -> None:
+        """A role's warning: a debug message with WARNING_PREFIX (a loop's come one per item)."""
+        action = str(data.get("resolved_action") or data.get("task_action") or "")
+        msg = res.get("msg")
+        if action.endswith("debug") and isinstance(msg, str) and msg.startswith(WARNING_PREFIX):
+            host.warnings.append(msg[len(WARNING_PREFIX) :].strip())
 
     def _is_input_check(self, data: dict[str, Any]) -> bool:
         """Bad input: a failure in a play marked as the input check, or a role's argument spec refusing an option."""

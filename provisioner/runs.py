@@ -25,6 +25,9 @@ class HostResult:
     refused: int = 0  # failures of the input check: bad input, found before anything changed
     task: str = ""
     errors: list[str] = field(default_factory=list)
+    # What a role says the operator must know though nothing failed (a task's `debug` message
+    # starting with WARNING_PREFIX): an index left out, a port opened beyond loopback.
+    warnings: list[str] = field(default_factory=list)
     # A rolling run stopped (too many failures in an earlier batch) before this host's turn.
     not_reached: bool = False
 
@@ -51,9 +54,12 @@ class HostResult:
             "skipped": self.skipped,
             "refused": self.refused,
             "errors": self.errors,
+            "warnings": self.warnings,
         }
 
 
+# A role's `ansible.builtin.debug` message starting with this is a warning for the summary.
+WARNING_PREFIX = "WARNING "
 NOT_REACHED = "not reached"
 # Failures first: what needs the operator, then what the run stopped short of, then the rest.
 STATUS_ORDER = ("unreachable", "failed", "refused", NOT_REACHED, "changed", "ok")
@@ -123,6 +129,11 @@ class RunResult:
         return [
             e if e.startswith(f"{h.host}: ") else f"{h.host}: {e}" for h in failures_first(self.hosts.values()) for e in h.errors
         ]
+
+    @property
+    def warnings(self) -> list[str]:
+        """Every host's warnings, each naming its host, in the summary's host order."""
+        return [f"{h.host}: {w}" for h in failures_first(self.hosts.values()) for w in dict.fromkeys(h.warnings)]
 
     def to_dict(self) -> dict[str, Any]:
         return {

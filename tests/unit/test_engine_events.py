@@ -123,3 +123,26 @@ def test_missing_ansible_tools_are_one_clear_line_not_a_traceback(tmp_path, monk
     assert err.value.exit_code == ExitCode.INTERNAL
     assert str(err.value).startswith("ansible-playbook and ansible-inventory not found beside")
     assert "reinstall provisioner" in str(err.value)
+
+
+def test_a_roles_warning_reaches_the_summary_once_per_host_and_item():
+    def item_ok(host: str, msg: str, action: str = "ansible.builtin.debug") -> dict:
+        return {"event": "runner_item_on_ok",
+                "event_data": {"host": host, "play_uuid": "p2", "task": "Say", "task_action": action, "res": {"msg": msg}}}
+
+    events = [
+        play_start("p1", "Discover"),
+        play_start("p2", "Install"),
+        item_ok("web1", "WARNING mlstack: the package index https://a.example does not answer"),
+        item_ok("web1", "WARNING mlstack: the package index https://a.example does not answer"),
+        item_ok("web2", "WARNING storage: drive nvme1n1 is small"),
+        item_ok("web2", "an ordinary message"),
+        item_ok("web2", "WARNING not a debug task's", action="ansible.builtin.command"),
+        {"event": "runner_on_ok", "event_data": {"host": "web2", "play_uuid": "p2", "task": "Say",
+                                                 "task_action": "ansible.builtin.debug", "res": {"msg": "WARNING one"}}},
+    ]
+    run = collect(events)
+    assert run.warnings == ["web1: mlstack: the package index https://a.example does not answer",
+                            "web2: storage: drive nvme1n1 is small", "web2: one"]
+    assert run.to_dict()["hosts"]["web2"]["warnings"] == ["storage: drive nvme1n1 is small", "one"]
+    assert {h.status for h in run.hosts.values()} == {"ok"}  # a warning is not a failure

@@ -120,3 +120,33 @@ def test_installed_packages_go_to_no_apt_and_dpkg_is_read_once_a_run(tmp_path):
     assert ran.count("Read the installed packages (once a run)") == 1, ran
     assert not [n for n in ran if "Refresh the package lists" in n or n.startswith("Install the packages")], ran
     assert {"dpkg", "coreutils"} <= set(shown(result)["shared_installed_packages"])
+
+
+def test_indexes_that_do_not_answer_are_named_and_one_that_answers_with_an_error_is_kept(tmp_path):
+    """Real probes from this machine: a local index that answers, one answering 404, a closed
+    port and a name that cannot resolve (.invalid never does); also in check mode."""
+    import http.server
+    import socket
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # bound, never listening: refused once closed
+    answers = f"http://127.0.0.1:{server.server_port}/"
+    missing = f"http://127.0.0.1:{server.server_port}/no/such/index/"
+    refused = f"http://127.0.0.1:{closed}/simple/"
+    unknown = "https://pypi.provisioner.invalid/simple/"
+    try:
+        for check in (False, True):
+            result = play(tmp_path, [shared("indexes", shared_indexes=[answers, missing, refused, unknown],
+                                            shared_index_fix="use another index", shared_index_timeout=5),
+                                     show("shared_unreachable_indexes")], check=check)
+            assert shown(result)["shared_unreachable_indexes"] == [refused, unknown]
+            warnings = [t["hosts"]["localhost"] for t in result["plays"][0]["tasks"] if "Say which" in t["task"]["name"]]
+            said = [r["msg"] for r in warnings[0]["results"]]
+            assert len(said) == 2 and all(m.startswith("WARNING demo: the package index ") for m in said)
+            assert refused in said[0] and "refused" in said[0].lower() and said[0].endswith("use another index")
+    finally:
+        server.shutdown()
