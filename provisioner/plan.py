@@ -44,6 +44,14 @@ FLOAT32_BYTES = 4
 # at least a floor (the kernel, the page cache of the data being read, the process itself).
 FEATURE_MATRIX_MARGIN_SHARE = 0.2
 FEATURE_MATRIX_MARGIN_MIN_BYTES = 2 * GIB
+# Ray (docs/ray.md, 'Sizing'): the object store's share of the RAM left after hugepages (Ray's own
+# default is 30% of the available memory), the most a share may be, and Ray's smallest store.
+RAY_OBJECT_STORE_SHARE = 0.3
+MAX_RAY_OBJECT_STORE_SHARE = 0.6
+RAY_MIN_OBJECT_STORE_BYTES = 75 * 1024**2
+# RAM kept out of Ray's task memory for the system and Ray's own processes: a share, and a floor.
+RAY_SYSTEM_SHARE = 0.1
+RAY_SYSTEM_MIN_BYTES = GIB
 
 
 class PlanError(BadInput):
@@ -80,6 +88,7 @@ class PlanOptions:
     dataloader_workers: int | None = None
     feature_matrix_features: int = FEATURE_MATRIX_FEATURES
     feature_matrix_rows: int | None = None
+    ray_object_store_share: float = RAY_OBJECT_STORE_SHARE
 
     def __post_init__(self) -> None:
         if self.trials is not None and self.trials < 1:
@@ -120,6 +129,12 @@ class PlanOptions:
             raise PlanError(
                 f"plan_serving_memory_share must be above 0 and at most {MAX_SERVING_MEMORY_SHARE} "
                 f"(got {self.serving_memory_share})"
+            )
+
+        if not 0.0 < self.ray_object_store_share <= MAX_RAY_OBJECT_STORE_SHARE:
+            raise PlanError(
+                f"plan_ray_object_store_share must be above 0 and at most {MAX_RAY_OBJECT_STORE_SHARE} "
+                f"(got {self.ray_object_store_share})"
             )
 
     @classmethod
@@ -222,6 +237,7 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "dataloader_workers": _as_int,
     "feature_matrix_features": _as_int,
     "feature_matrix_rows": _as_int,
+    "ray_object_store_share": _as_float,
 }
 
 
@@ -1054,6 +1070,72 @@ def plan_serving(facts: Mapping[str, Any], options: PlanOptions, settings: list[
 
 
 # --------------------------------------------------------------------------
+# ray
+# --------------------------------------------------------------------------
+
+
+def plan_ray(facts: Mapping[str, Any], options: PlanOptions, settings: list[Setting], warnings: list[str]) -> list[Setting]:
+    """A Ray node's CPUs, object store and task memory, and the CPUs of one trial.  See docs/ray.md, 'Sizing'.
+
+    num_cpus is the physical cores: Ray counts logical CPUs by default, and a task's reservation
+    becomes its OMP_NUM_THREADS, so SMT siblings would double the threads the BLAS and tree
+    libraries start. The object store is a share of the RAM left after hugepages (Ray's own
+    default is 30% of what is available; hugepages cannot back /dev/shm); the rest, less what the
+    system and Ray's own processes keep, is the memory tasks may reserve."""
+    cores = _need(facts, "cpu.cores")
+    threads = _get(facts, "cpu.threads", cores)
+    total = _need(facts, "memory.total_bytes")
+    if not isinstance(total, int) or total <= 0:
+        raise PlanError("hardware facts report no memory size; cannot size the Ray object store")
+    page_bytes = {"hugepages_2m": 2 * 1024**2, "hugepages_1g": GIB}
+    reserved = sum(int(st.value or 0) * page_bytes[st.key] for st in settings if st.key in page_bytes)
+    after = total - reserved
+    store = int(after * options.ray_object_store_share)
+    after_text = f"{_gib(total)} RAM" + (f" - {_gib(reserved)} hugepages" if reserved else "")
+    if store < RAY_MIN_OBJECT_STORE_BYTES:
+        raise PlanError(
+            f"ray: {options.ray_object_store_share:g} of {after_text} is {_human_bytes(store)}, below Ray's smallest "
+            f"object store ({_human_bytes(RAY_MIN_OBJECT_STORE_BYTES)}); raise plan_ray_object_store_share or reserve fewer hugepages"
+        )
+    system = max(int(after * RAY_SYSTEM_SHARE), RAY_SYSTEM_MIN_BYTES)
+    memory = after - store - system
+    if memory < 512 * 1024**2:
+        raise PlanError(
+            f"ray: {after_text} leaves {_human_bytes(max(memory, 0))} for tasks after the "
+            f"{_human_bytes(store)} object store and {_human_bytes(system)} for the system; "
+            "lower plan_ray_object_store_share or reserve fewer hugepages"
+        )
+    smt = f", SMT siblings not counted ({threads} logical CPUs)" if threads > cores else ""
+    return [
+        Setting(
+            "ray_num_cpus",
+            cores,
+            f"{cores}: the physical cores{smt}; Ray hands a task's reserved CPUs to it as OMP_NUM_THREADS "
+            "(Ray resource docs; ray issue 28594)",
+        ),
+        Setting(
+            "ray_object_store_bytes",
+            store,
+            f"{store}: {_gib(store)}, {options.ray_object_store_share:g} of {after_text} (plan_ray_object_store_share; "
+            "Ray's default is 0.3 of the available memory); hugepages cannot back /dev/shm, and the role caps it "
+            "at /dev/shm's size, since Ray falls back to a slow store on disk above it (ray PR 3149)",
+        ),
+        Setting(
+            "ray_memory_bytes",
+            memory,
+            f"{memory}: {_gib(memory)} for tasks, {after_text} - {_gib(store)} object store - {_gib(system)} "
+            f"for the system and Ray's own processes ({RAY_SYSTEM_SHARE:g} of it, at least {_gib(RAY_SYSTEM_MIN_BYTES)})",
+        ),
+        Setting(
+            "ray_trial_cpus",
+            1,
+            "1: one CPU per distributed trial, so each trial runs one thread and a node runs one trial per core "
+            "(the parallel-trials rule of 'Threads': small trials scale by processes, not threads)",
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------
 # everything
 # --------------------------------------------------------------------------
 
@@ -1080,6 +1162,7 @@ def derive_plan(facts: Mapping[str, Any], options: PlanOptions | None = None) ->
         settings.extend(concern(facts, options, warnings))
     settings.append(plan_reboot(settings))
     settings.extend(plan_feature_matrix(facts, options, settings, warnings))
+    settings.extend(plan_ray(facts, options, settings, warnings))
     storage = plan_storage(facts, options, warnings)
     serving = plan_serving(facts, options, settings, warnings)
     settings.extend(

@@ -80,6 +80,9 @@ options:
   plan_feature_matrix_rows:
     description: Rows of the feature matrix; null is the most that fit, more than fit is refused.
     type: int
+  plan_ray_object_store_share:
+    description: Share of the RAM after hugepages for a Ray node's object store.
+    type: float
 author:
   - provisioner contributors
 """
