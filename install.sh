@@ -24,6 +24,9 @@ fi
 packages=(python3 python3-venv python3-apt openssh-client)
 [ "$lab" = 1 ] && packages+=(systemd-container mmdebstrap iptables openssh-server zstd iproute2 util-linux btrfs-progs xfsprogs)
 [ "$test" = 1 ] && packages+=(chromium-headless-shell)  # renders the HTML smoke report in a real browser
+# Lab VMs (lab up --vm): qemu with software emulation where KVM does not work, fdisk and
+# e2fsprogs to make the disk image
+[ "$test" = 1 ] && packages+=(qemu-system-x86 qemu-utils fdisk e2fsprogs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

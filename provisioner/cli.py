@@ -14,7 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from . import __version__, commands, options, render
-from .errors import ProvisionerError
+from .errors import BadInput, ProvisionerError
 from .result import Result, refused
 from .runs import ProgressCallback
 
@@ -348,10 +348,32 @@ def lab_up(
     device: Annotated[
         list[str] | None, typer.Option("--device", help="Block device to pass into the server; repeatable.")
     ] = None,
+    vm: Annotated[
+        bool, typer.Option("--vm", help="A full virtual machine (qemu, its own kernel, grub) instead of a container.")
+    ] = False,
+    drives: Annotated[int, typer.Option("--drives", help="With --vm: this many virtual NVMe drives (serials DATA0...).")] = 0,
+    drive_size: Annotated[str, typer.Option("--drive-size", help="With --vm: the size of each drive, e.g. 4G.")] = "4G",
+    boot_timeout: Annotated[
+        float, typer.Option("--boot-timeout", help="With --vm: seconds to wait for ssh before the VM is removed.")
+    ] = 600.0,
     json: Json = False,
 ) -> None:
-    """Boot a disposable Debian 12 server (systemd-nspawn) and print how to reach it."""
-    _finish("lab up", json, lambda _: commands.lab_up(name, device or []), render.lab_server)
+    """Boot a disposable Debian 12 server (systemd-nspawn, or qemu with --vm) and print how to reach it."""
+    _finish("lab up", json, lambda _: _lab_up(name, device or [], vm, drives, drive_size, boot_timeout), render.lab_server)
+
+
+def _lab_up(name: str, devices: list[str], vm: bool, drives: int, drive_size: str, boot_timeout: float) -> Result[Any]:
+    if not vm:
+        if drives or drive_size != "4G" or boot_timeout != 600.0:
+            raise BadInput("--drives, --drive-size and --boot-timeout are for lab VMs: add --vm")
+        return commands.lab_up(name, devices)
+    if devices:
+        raise BadInput("--device is for container lab servers: a lab VM gets virtual drives with --drives N")
+    if boot_timeout <= 0:
+        raise BadInput(f"--boot-timeout {boot_timeout:g}: give a positive number of seconds")
+    from . import lab
+
+    return Result("lab up", lab.up_vm(name, drives=drives, drive_size=drive_size, boot_timeout=boot_timeout))
 
 
 @lab_app.command("down")
@@ -362,8 +384,22 @@ def lab_down(name: Annotated[str, typer.Argument(help="Server name.")], json: Js
 
 @lab_app.command("list")
 def lab_list(json: Json = False) -> None:
-    """List lab servers."""
-    _finish("lab list", json, lambda _: commands.lab_list(), render.lab_servers)
+    """List lab servers: kind (container or vm) and, for a VM, its accelerator (kvm or tcg)."""
+    _finish("lab list", json, lambda _: commands.lab_list(), _lab_servers)
+
+
+def _lab_servers(servers: list[Any]) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="lab servers")
+    for col in ("name", "kind", "accel", "address", "state", "inventory"):
+        table.add_column(col)
+    for s in servers:
+        address = s.address if s.port == 22 else f"{s.address}:{s.port}"
+        state = "up" if s.alive else "dead (run lab down)"
+        table.add_row(Text(s.name), s.kind, s.accel or "-", address, state, Text(str(s.inventory)))
+    render.console.print(table)
 
 
 @serve_app.command("status")

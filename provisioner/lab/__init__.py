@@ -1,4 +1,5 @@
-"""Disposable Debian 12 "lab servers" on this machine: systemd-nspawn over an overlay.
+"""Disposable Debian 12 "lab servers" on this machine: systemd-nspawn over an overlay, or
+(`up_vm`) full qemu virtual machines with their own kernel (vm.py, image.py).
 
 A lab server is a booted Debian 12 (systemd as PID 1, sshd listening) in its own
 network namespace, reachable from the host at 10.213.N.2 with the lab's ssh key and a
@@ -24,7 +25,14 @@ Modules:
     processes  systemd-nspawn: command line, start, PID 1, sshd answering, stop
     network    veth addresses, ip_forward and the NAT rule (saved and restored)
     state      LabServer, NAME/state.json, the listing
-    server     up, down and the lab lock, composed from the above
+    server     up, up_vm, down and the lab lock, composed from the above
+    vm         qemu: the command line, drives and their refusals, accelerator, boot, stop
+    image      the cached VM disk image: mmdebstrap, the disk, grub installed by one boot
+
+VM layout:
+    lab_dir()/images/bookworm-vm-KEY.qcow2   the read-only disk image (KEY hashes the recipe)
+    lab_dir()/NAME/                          disk.qcow2 (overlay) nvmeI.qcow2 seed/ console.log
+                                             qemu.log state.json known_hosts inventory.yml ssh_config
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ from .common import LabError, missing_requirement
 from .network import NAT_COMMENT
 from .rootfs import ensure_rootfs
 from .server import down, frozen, up
+from .server import up_vm as up_vm
 from .state import LabServer, list_servers
+from .vm import missing_vm_requirement as missing_vm_requirement
 
 __all__ = [
     "NAT_COMMENT",

@@ -53,6 +53,8 @@ def allocate_index(states: Iterable[dict[str, Any]]) -> int:
     """A subnet free on this host's interfaces and in every server state (STATES) of the lab dir."""
     used = host_lab_indexes()
     for state in states:
+        if state.get("kind") == "vm":
+            continue  # VMs use user-mode networking, no lab subnet
         with contextlib.suppress(KeyError, ValueError):
             used.add(int(state["address"].split(".")[2]))
     return free_index(used)

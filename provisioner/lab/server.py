@@ -15,11 +15,12 @@ from typing import Any
 from provisioner import paths
 from provisioner.system import locked
 
-from . import network, processes
-from .common import LabError, check_environment
+from . import network, processes, vm
+from .common import LabError, check_environment, write_file
+from .image import ensure_image
 from .mounts import check_devices, is_mounted, mount_overlay, umount
 from .rootfs import ensure_rootfs
-from .ssh import lab_key, prepare_overlay, write_client_files
+from .ssh import lab_key, new_host_key, prepare_overlay, write_client_files
 from .state import LabServer, all_states, read_state, server_dir, server_from_state, validate_name, write_state
 
 
@@ -75,6 +76,10 @@ def _teardown(name: str, graceful: bool = True) -> bool:
     if not root.exists():
         return False
     state = read_state(name)
+    if state.get("kind") == "vm":
+        vm.stop(int(state.get("pid") or 0), name)
+        _discard(root)
+        return True
     processes.stop(int(state.get("pid") or 0), int(state.get("leader_pid") or 0), name, graceful)
     network.delete_link(state.get("host_veth", ""))
     merged = root / "merged"
@@ -159,6 +164,113 @@ def up(name: str, *, devices: Sequence[str] = ()) -> LabServer:
                 console = str(server_dir(name) / "console.log")
                 raise LabError(str(exc).replace(console, str(kept))) from exc
             raise
+
+
+def _plan_vm(name: str, drive_count: int, drive_size: str) -> list[vm.Drive]:
+    """The drives of VM NAME, refused before anything starts when this machine cannot hold the VM."""
+    lab = paths.lab_dir()
+    lab.mkdir(parents=True, exist_ok=True)
+    drives = vm.plan_drives(server_dir(name), drive_count, drive_size, shutil.disk_usage(lab).free)
+    vm.check_memory(Path("/proc/meminfo").read_text())
+    return drives
+
+
+def _create_vm(name: str, drives: list[vm.Drive], accel: str, base: Path, boot_timeout: float) -> LabServer:
+    root = server_dir(name)
+    with frozen():
+        used = [int(s.get("port") or 0) for s in all_states() if s.get("kind") == "vm"]
+        port = vm.free_port(used)
+        root.mkdir(parents=True)
+        root.chmod(0o700)
+        key = lab_key()
+        state: dict[str, Any] = {
+            "name": name,
+            "kind": "vm",
+            "accel": accel,
+            "address": "127.0.0.1",
+            "port": port,
+            "root": str(root),
+            "drives": [d.by_id for d in drives],
+            "booting": True,
+        }
+        write_state(name, state)
+        seed = root / "seed"
+        host_key = new_host_key(seed, name)
+        write_file(seed / "hostname", name + "\n")
+        shutil.copyfile(key.with_name(key.name + ".pub"), seed / "authorized_keys")
+        write_client_files(root, name, "127.0.0.1", key, host_key, port)
+        vm.create_disk(base, root / "disk.qcow2")
+        vm.create_drives(drives)
+        fw_cfg = {
+            "hostname": str(seed / "hostname"),
+            "host_key": str(seed / "ssh_host_ed25519_key"),
+            "host_key.pub": str(seed / "ssh_host_ed25519_key.pub"),
+            "authorized_keys": str(seed / "authorized_keys"),
+        }
+        console = root / "console.log"
+        cmd = vm.qemu_cmd(name, root / "disk.qcow2", console, port, drives, accel, fw_cfg)
+        state["pid"] = vm.remember(vm.spawn(cmd, console, root / "qemu.log"))
+        write_state(name, state)
+    # Booting takes a minute or more under emulation: other servers come and go meanwhile.
+    vm.wait_ssh(name, state["pid"], port, console, boot_timeout)
+    server = LabServer(
+        name=name,
+        address="127.0.0.1",
+        pid=state["pid"],
+        leader_pid=0,
+        root=root,
+        ssh_key=key,
+        known_hosts=root / "known_hosts",
+        inventory=root / "inventory.yml",
+        ssh_config=root / "ssh_config",
+        host_veth="",
+        alive=True,
+        kind="vm",
+        accel=accel,
+        port=port,
+        drives=[d.by_id for d in drives],
+    )
+    with frozen():
+        write_state(name, server.to_dict(), indent=2)
+    return server
+
+
+def up_vm(
+    name: str,
+    *,
+    drives: int = 0,
+    drive_size: str = vm.DEFAULT_DRIVE_SIZE,
+    boot_timeout: float = vm.BOOT_TIMEOUT_S,
+) -> LabServer:
+    """Boot lab VM NAME (qemu, its own kernel, DRIVES NVMe drives of DRIVE_SIZE), or return it if it runs.
+
+    Bad input (too many or too large drives, too little memory, qemu missing) is refused before
+    anything starts. A VM that does not answer ssh within BOOT_TIMEOUT is stopped and removed,
+    the console's last lines in the error.
+    """
+    validate_name(name)
+    check_environment()
+    vm.check_vm_environment()
+    existing = server_from_state(read_state(name))
+    if existing is not None and existing.alive:
+        if existing.kind != "vm":
+            raise LabError(f"lab server {name} is a container: take it down first (lab down {name})")
+        return existing
+    planned = _plan_vm(name, drives, drive_size)
+    accel = vm.accelerator()
+    base = ensure_image()
+    with frozen():
+        _teardown(name, graceful=False)
+        _failed_console(name).unlink(missing_ok=True)
+    try:
+        return _create_vm(name, planned, accel, base, boot_timeout)
+    except BaseException as exc:
+        kept = _keep_console(name)
+        with contextlib.suppress(Exception), frozen():
+            _teardown(name, graceful=False)
+        if isinstance(exc, LabError) and kept:
+            raise LabError(f"{exc} (console log: {kept})") from exc
+        raise
 
 
 def down(name: str) -> bool:

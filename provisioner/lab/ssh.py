@@ -77,25 +77,33 @@ def prepare_overlay(merged: Path, name: str, lab_pub: str) -> list[str]:
     return host_key
 
 
-def inventory(name: str, address: str, key: Path, known_hosts: Path) -> dict[str, Any]:
+# Under software emulation an ssh login takes seconds: Ansible's 10 s connect timeout is too short.
+VM_SSH_TIMEOUT_S = 60
+
+
+def inventory(name: str, address: str, key: Path, known_hosts: Path, port: int = 22) -> dict[str, Any]:
     """An Ansible inventory with the one server in group `lab`, its host key checked strictly."""
     ssh_opts = f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes -o ControlMaster=no -o ControlPath=none"
-    host = {
+    host: dict[str, Any] = {
         "ansible_host": address,
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(key),
         "ansible_python_interpreter": "/usr/bin/python3",
         "ansible_ssh_common_args": ssh_opts,
     }
+    if port != 22:
+        host["ansible_port"] = port
+        host["ansible_timeout"] = VM_SSH_TIMEOUT_S
     return {"all": {"children": {"lab": {"hosts": {name: host}}}}}
 
 
-def ssh_config(name: str, address: str, key: Path, known_hosts: Path) -> str:
+def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int = 22) -> str:
     """An ssh_config stanza for `ssh -F FILE NAME`: root with the lab key, strict host key, no prompts."""
     return (
         f"Host {name}\n"
         f"  HostName {address}\n"
-        "  User root\n"
+        + (f"  Port {port}\n  ConnectTimeout {VM_SSH_TIMEOUT_S}\n" if port != 22 else "")
+        + "  User root\n"
         f"  IdentityFile {key}\n"
         "  IdentitiesOnly yes\n"
         f"  UserKnownHostsFile {known_hosts}\n"
@@ -108,9 +116,25 @@ def ssh_config(name: str, address: str, key: Path, known_hosts: Path) -> str:
     )
 
 
-def write_client_files(root: Path, name: str, address: str, key: Path, host_key: list[str]) -> None:
-    """ROOT/known_hosts, ROOT/inventory.yml and ROOT/ssh_config for server NAME."""
+def write_client_files(root: Path, name: str, address: str, key: Path, host_key: list[str], port: int = 22) -> None:
+    """ROOT/known_hosts, ROOT/inventory.yml and ROOT/ssh_config for server NAME (sshd on PORT)."""
     known_hosts = root / "known_hosts"
-    write_file(known_hosts, f"{address} {host_key[0]} {host_key[1]}\n")
-    write_file(root / "inventory.yml", yaml.safe_dump(inventory(name, address, key, known_hosts), sort_keys=False))
-    write_file(root / "ssh_config", ssh_config(name, address, key, known_hosts))
+    host = address if port == 22 else f"[{address}]:{port}"
+    write_file(known_hosts, f"{host} {host_key[0]} {host_key[1]}\n")
+    inv = inventory(name, address, key, known_hosts, port)
+    write_file(root / "inventory.yml", yaml.safe_dump(inv, sort_keys=False))
+    write_file(root / "ssh_config", ssh_config(name, address, key, known_hosts, port))
+
+
+def new_host_key(directory: Path, name: str) -> list[str]:
+    """A fresh ed25519 host key in DIRECTORY (handed to a VM at boot); returns [type, base64]."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key = directory / "ssh_host_ed25519_key"
+    for old in directory.glob("ssh_host_ed25519_key*"):
+        old.unlink()
+    run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)],
+        f"generating the host key for {name} failed",
+        error=LabError,
+    )
+    return key.with_name(key.name + ".pub").read_text().split()[:2]

@@ -13,6 +13,7 @@ from provisioner import paths
 
 from .common import LabError, write_file
 from .processes import is_our_nspawn
+from .vm import is_our_qemu
 
 NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
@@ -36,6 +37,12 @@ class LabServer:
     host_veth: str
     devices: list[str] = field(default_factory=list)
     alive: bool = False
+    # "container" (systemd-nspawn) or "vm" (qemu, reached at 127.0.0.1:port); accel: kvm or tcg.
+    kind: str = "container"
+    accel: str = ""
+    port: int = 22
+    # A VM's NVMe drives as the guest names them (/dev/disk/by-id/...).
+    drives: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -67,6 +74,10 @@ class LabServer:
             host_veth=data.get("host_veth", ""),
             devices=list(data.get("devices") or []),
             alive=data.get("alive", False),
+            kind=data.get("kind", "container"),
+            accel=data.get("accel", ""),
+            port=data.get("port", 22),
+            drives=list(data.get("drives") or []),
         )
 
 
@@ -105,7 +116,10 @@ def server_from_state(state: dict[str, Any]) -> LabServer | None:
         server = LabServer.from_dict(state)
     except (TypeError, KeyError):
         return None
-    server.alive = is_our_nspawn(server.pid, server.name)
+    if server.kind == "vm":
+        server.alive = is_our_qemu(server.pid, server.name) and not state.get("booting", False)
+    else:
+        server.alive = is_our_nspawn(server.pid, server.name)
     return server
 
 
