@@ -5,23 +5,19 @@ build downloads nothing, an unknown version on the index is named."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from playbook_run import run_playbook
 
 from provisioner import bundle, lab
 from provisioner.errors import BadInput
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
-BINDIR = Path(sys.executable).parent
 SERVER = "pv-mlstack"
 
 PLAYBOOK = [
@@ -83,22 +79,7 @@ def pin(name: str) -> str:
 
 
 def run_role(server: lab.LabServer, tmp_path: Path, **variables) -> subprocess.CompletedProcess:
-    playbook = tmp_path / "mlstack.yml"
-    playbook.write_text(yaml.safe_dump(PLAYBOOK, sort_keys=False))
-    extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps(variables))
-    env = {
-        **os.environ,
-        "PATH": f"{BINDIR}:{os.environ.get('PATH', '')}",
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-    }
-    return subprocess.run(
-        [str(BINDIR / "ansible-playbook"), "-i", str(server.inventory), "-e", f"@{extra}", str(playbook)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env,
-    )
+    return run_playbook(server, tmp_path, PLAYBOOK, **variables)
 
 
 def failure(r: subprocess.CompletedProcess) -> str:

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
-import os
 import re
 import select
 import shutil
@@ -40,13 +38,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from playbook_run import run_playbook
 
 from provisioner import bundle, lab
 from provisioner.errors import ExitCode
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
 BINDIR = Path(sys.executable).parent
 SERVER = "pxy-proxy"
 PIP_CONF = "/etc/xdg/pip/pip.conf"
@@ -266,27 +264,6 @@ def lock(tmp_path_factory) -> Path:
     return path
 
 
-def playbook(server: lab.LabServer, tmp_path: Path, book: list, *args: str, **variables) -> subprocess.CompletedProcess:
-    path = tmp_path / "play.yml"
-    path.write_text(yaml.safe_dump(book, sort_keys=False))
-    extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps(variables))
-    env = {
-        **os.environ,
-        "PATH": f"{BINDIR}:{os.environ.get('PATH', '')}",
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-    }
-    return subprocess.run(
-        [str(BINDIR / "ansible-playbook"), "-i", str(server.inventory), "-e", f"@{extra}", *args, str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
 
 
 def one_line(r: subprocess.CompletedProcess) -> str:
@@ -318,7 +295,7 @@ def test_a_ca_file_that_is_no_certificate_is_refused_before_any_change(server, p
 
 
 def test_without_the_ca_pip_names_the_certificate_and_the_option(server, proxy, lock, tmp_path):
-    r = playbook(server, tmp_path, PLAYBOOK, mlstack_components=["core"], mlstack_lock_file=str(lock))
+    r = run_playbook(server, tmp_path, PLAYBOOK, mlstack_components=["core"], mlstack_lock_file=str(lock))
     text = one_line(r)
     assert r.returncode != 0, text[-2000:]
     assert "pip could not verify the TLS certificate of pypi.org (self-signed certificate in certificate chain)" in text, text[
@@ -330,19 +307,19 @@ def test_without_the_ca_pip_names_the_certificate_and_the_option(server, proxy, 
 
 def test_with_the_proxys_ca_the_install_succeeds_and_undo_removes_it(server, proxy, lock, tmp_path):
     options = {"mlstack_components": ["core"], "mlstack_lock_file": str(lock), "common_ca_certificates": [str(proxy.ca_file)]}
-    check = playbook(server, tmp_path, COMMON, "--check", **options)
+    check = run_playbook(server, tmp_path, COMMON, "--check", **options)
     assert check.returncode == 0 and changed(check) > 0, one_line(check)[-3000:]
     assert ssh(server, f"test ! -e {CA_DIR} && test ! -e {PIP_CONF}").returncode == 0, "check mode changed the host"
     before = len(proxy.connects)
-    r = playbook(server, tmp_path, PLAYBOOK, **options)
+    r = run_playbook(server, tmp_path, PLAYBOOK, **options)
     assert r.returncode == 0, one_line(r)[-3000:]
     assert "files.pythonhosted.org:443" in proxy.connects[before:], "the wheel did not come through the proxy"
     assert ssh(server, "su - ml -c '/opt/mlstack/bin/python -c \"import threadpoolctl\"'").returncode == 0
     assert system_fetch(server).returncode == 0, system_fetch(server).stderr[-1000:]
-    again = playbook(server, tmp_path, PLAYBOOK, **options)
+    again = run_playbook(server, tmp_path, PLAYBOOK, **options)
     assert again.returncode == 0 and changed(again) == 0, one_line(again)[-3000:]
 
-    undo = playbook(server, tmp_path, UNDO)
+    undo = run_playbook(server, tmp_path, UNDO)
     assert undo.returncode == 0, one_line(undo)[-3000:]
     assert ssh(server, f"test ! -e {CA_DIR} && test ! -e {PIP_CONF}").returncode == 0
     refused = system_fetch(server)

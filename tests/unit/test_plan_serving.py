@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
+from facts_fixtures import load
 
 from provisioner.constants import SERVING_WORKER_OVERHEAD_BYTES
 from provisioner.plan import GIB, PlanError, PlanOptions, core_cpus, derive_plan
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "facts"
-
-
-def facts(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize(
@@ -28,7 +22,7 @@ def facts(name: str) -> dict:
     ],
 )
 def test_workers_times_threads_is_the_physical_cores(machine, workers, threads):
-    f = facts(machine)
+    f = load(machine)
     plan = derive_plan(f)
     serving = plan.serving
     assert (serving["workers"], serving["threads_per_worker"]) == (workers, threads)
@@ -45,7 +39,7 @@ def test_workers_times_threads_is_the_physical_cores(machine, workers, threads):
 
 
 def test_slices_follow_the_sibling_lists_when_the_facts_have_them():
-    f = facts("laptop_4c")
+    f = load("laptop_4c")
     # A host whose siblings are numbered in pairs (0-1, 2-3, ...), not k and k + cores.
     f["cpu"]["core_cpus"] = [[0, 1], [2, 3], [4, 5], [6, 7]]
     serving = derive_plan(f).serving
@@ -54,17 +48,17 @@ def test_slices_follow_the_sibling_lists_when_the_facts_have_them():
 
 
 def test_without_sibling_lists_the_usual_numbering_is_assumed_and_said():
-    slices, source = core_cpus(facts("epyc_4545p"))
+    slices, source = core_cpus(load("epyc_4545p"))
     assert slices[0] == [0, 16] and slices[15] == [15, 31]
     assert "usual numbering" in source
     # A sibling list that does not match the core count is not trusted.
-    f = facts("epyc_4545p")
+    f = load("epyc_4545p")
     f["cpu"]["core_cpus"] = [[0, 16]]
     assert core_cpus(f)[0][1] == [1, 17]
 
 
 def test_memory_budget_is_the_share_of_ram_after_hugepages_split_over_workers():
-    f = facts("epyc_4545p")
+    f = load("epyc_4545p")
     total = f["memory"]["total_bytes"]
     plan = derive_plan(f, PlanOptions(hugepages_size="1G", hugepages_count=64))
     serving = plan.serving
@@ -79,7 +73,7 @@ def test_memory_budget_is_the_share_of_ram_after_hugepages_split_over_workers():
 
 
 def test_overrides_are_taken_and_the_rest_follows():
-    f = facts("epyc_4545p")
+    f = load("epyc_4545p")
     serving = derive_plan(f, PlanOptions(serving_threads_per_worker=8)).serving
     assert (serving["workers"], serving["threads_per_worker"]) == (2, 8)
     serving = derive_plan(f, PlanOptions(serving_workers=2)).serving
@@ -88,16 +82,18 @@ def test_overrides_are_taken_and_the_rest_follows():
 
 
 def test_oversubscription_is_refused_naming_the_numbers_and_the_fix():
-    with pytest.raises(PlanError, match=r"8 workers x 4 threads = 32 is more than the 16 physical cores.*plan_allow_oversubscription"):
-        derive_plan(facts("epyc_4545p"), PlanOptions(serving_workers=8))
-    plan = derive_plan(facts("epyc_4545p"), PlanOptions(serving_workers=8, allow_oversubscription=True))
+    with pytest.raises(
+        PlanError, match=r"8 workers x 4 threads = 32 is more than the 16 physical cores.*plan_allow_oversubscription"
+    ):
+        derive_plan(load("epyc_4545p"), PlanOptions(serving_workers=8))
+    plan = derive_plan(load("epyc_4545p"), PlanOptions(serving_workers=8, allow_oversubscription=True))
     assert any("oversubscribed by choice" in w for w in plan.warnings)
     # Overlapping slices would be a lie: every worker gets the whole host instead.
     assert all(len(s) == 32 for s in plan.serving["worker_cpus"])
 
 
 def test_too_little_memory_per_worker_is_refused():
-    f = copy.deepcopy(facts("laptop_4c"))
+    f = copy.deepcopy(load("laptop_4c"))
     f["memory"]["total_bytes"] = 4 * GIB
     with pytest.raises(PlanError, match=r"per worker leaves .* for models .*plan_serving_workers"):
         derive_plan(f)
@@ -120,7 +116,7 @@ def test_bad_serving_options_are_refused(variables, message):
 
 
 def test_the_section_travels_as_json():
-    plan = derive_plan(facts("xeon_2s"))
+    plan = derive_plan(load("xeon_2s"))
     data = json.loads(json.dumps(plan.to_dict()))
     assert data["serving"]["workers"] == 16
     assert set(data["serving"]) == {

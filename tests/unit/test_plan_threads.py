@@ -3,10 +3,8 @@ on the four hardware fixtures, and the refusals that name the value and its limi
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from facts_fixtures import load
 
 from provisioner.plan import (
     FEATURE_MATRIX_MARGIN_MIN_BYTES,
@@ -17,7 +15,6 @@ from provisioner.plan import (
     derive_plan,
 )
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "facts"
 # machine -> (physical cores, sockets, DataLoader workers, training threads)
 MACHINES = {
     "epyc_4545p": (16, 1, 4, 12),
@@ -39,10 +36,6 @@ NEW_KEYS = (
     "feature_matrix_features",
     "feature_matrix_bytes",
 )
-
-
-def load(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("machine", MACHINES)

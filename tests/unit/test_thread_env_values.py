@@ -4,13 +4,13 @@ from that file (each its share of every count; DataLoader workers + threads with
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import jinja2
 import pytest
 import yaml
+from facts_fixtures import load
 
 from provisioner.checks import _ansible_filters, _render
 from provisioner.plan import PlanOptions, derive_plan
@@ -18,7 +18,6 @@ from tests.unit.test_ml_env import ml_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "thread_env"
-FIXTURES = ROOT / "tests" / "fixtures" / "facts"
 MACHINES = ("epyc_4545p", "xeon_2s", "vm_2vcpu", "laptop_4c")
 # exported variable -> the plan value it carries
 FROM_PLAN = {
@@ -49,7 +48,7 @@ def threads_conf(values: dict) -> str:
 
 
 def plan_of(machine: str, **options) -> dict:
-    facts = json.loads((FIXTURES / f"{machine}.json").read_text())
+    facts = load(machine)
     return derive_plan(facts, PlanOptions(**options)).to_dict()
 
 
@@ -86,7 +85,7 @@ def splits() -> list[tuple[str, int]]:
     """(machine, trials) for 1, 2, 4 and 16 trials where the machine has that many cores."""
     out = []
     for machine in MACHINES:
-        cores = json.loads((FIXTURES / f"{machine}.json").read_text())["cpu"]["cores"]
+        cores = load(machine)["cpu"]["cores"]
         out += [(machine, trials) for trials in (1, 2, 4, 16) if trials <= cores]
     return out
 
