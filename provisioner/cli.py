@@ -258,6 +258,13 @@ def smoke(
         Path | None,
         typer.Option("--html", help="Write the HTML report here (default: /var/lib/provisioner/smoke/report.html)."),
     ] = None,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            help="Only the distributed trials on the Ray cluster (role ray), from its head: every node vs the head alone.",
+        ),
+    ] = False,
     extra_vars: ExtraVars = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
@@ -275,7 +282,7 @@ def smoke(
             limit=limit,
             profile="full" if full else "quick",
             baseline=baseline,
-            extravars=options.parse_extra_vars(extra_vars or []),
+            extravars={**options.parse_extra_vars(extra_vars or []), **({"smoke_cluster": True} if cluster else {})},
             accept_new_host_keys=accept_new_host_keys,
             on_progress=on_progress,
             html=html,
