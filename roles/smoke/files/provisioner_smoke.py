@@ -99,6 +99,9 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 TASKS = ("gemm", "triad", "gbdt", "mlp", "hpo", "parquet", "inference", "serving", "sklearn", "features", "matrix",
          "dataloader", "tensorflow")
+# Run only when named (--only): the distributed trials on a Ray cluster, driven from its head.
+CLUSTER_TASKS = ("cluster",)
+RAY_CONFIG = "/etc/provisioner/ray/ray.json"
 
 
 def median(values: list[float]) -> float:
@@ -403,7 +406,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runner = Runner(args, script, workdir, threads, trials)
         runner.serving_plan = serving_plan
         runner.plan = plan
-        for task in [t for t in TASKS if not args.only or t in args.only]:
+        chosen = [t for t in TASKS if not args.only or t in args.only] + [t for t in CLUSTER_TASKS if t in (args.only or ())]
+        for task in chosen:
             t0 = time.monotonic()
             if task == "gemm":
                 with ClockSampler() as clock:
@@ -421,6 +425,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result = serving(runner, cpu)
             elif task == "features":
                 result = features(runner)
+            elif task == "cluster":
+                result = runner.worker(task, ray_config=args.ray_config)
             else:
                 result = runner.worker(task)
             result["seconds"] = round(time.monotonic() - t0, 2)
@@ -1144,6 +1150,12 @@ def _trial(args: tuple[dict[str, Any], int | None, int, int, str]) -> float:
         booster = lgb.train({"objective": "binary", "verbose": -1, **params, **extra}, lgb.Dataset(x, label=y),
                             num_boost_round=trees)
         pred = booster.predict(x[:10000])
+    elif lib == "sklearn":
+        from sklearn.ensemble import HistGradientBoostingClassifier
+
+        model = HistGradientBoostingClassifier(max_iter=trees, max_leaf_nodes=params["num_leaves"], max_depth=params["max_depth"],
+                                               learning_rate=params["learning_rate"], early_stopping=False)
+        pred = model.fit(x, y).predict_proba(x[:10000])[:, 1]
     else:
         import xgboost as xgb
 
@@ -1187,6 +1199,14 @@ def _study_process(args: tuple[str, int, int | None, int, int, str, int]) -> int
     return n
 
 
+def _hpo_queue(count: int) -> list[dict[str, Any]]:
+    """The study's parameter sets, the same in every run (enqueued in order)."""
+    rng = random.Random(0)
+    return [{"num_leaves": rng.randint(15, 255), "max_depth": rng.randint(4, 10),
+             "learning_rate": round(math.exp(rng.uniform(math.log(0.02), math.log(0.3))), 4)}
+            for _ in range(count)]
+
+
 def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
     """A real Optuna study: N processes share one journal file, each trial with its share of the cores
     (the plan), against the same study run by one process and against every process on library defaults."""
@@ -1214,10 +1234,7 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # Every run evaluates the same parameter sets in the same order (enqueued in its study), so
     # the runs differ only in how the trials share the cores.
-    rng = random.Random(0)
-    queue = [{"num_leaves": rng.randint(15, 255), "max_depth": rng.randint(4, 10),
-              "learning_rate": round(math.exp(rng.uniform(math.log(0.02), math.log(0.3))), 4)}
-             for _ in range(workers * each)]
+    queue = _hpo_queue(workers * each)
 
     def study_run(label: str, procs: int, threads: int | None, per_proc: int) -> dict[str, Any]:
         path = os.path.join(p["workdir"], f"hpo-{label}.journal")
@@ -1259,6 +1276,119 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
             "storage": backend, "trials": workers * each, "workers": workers, "cores": cores,
             "rows": s["hpo_rows"], "trees": s["hpo_trees"], "runs": runs,
             "best_loss": min((r["best_loss"] for r in runs.values() if r["best_loss"] is not None), default=None)}
+
+
+def _suggest(trial) -> dict[str, Any]:
+    """The hpo workload's search space (its enqueued parameter sets come out first)."""
+    return {"num_leaves": trial.suggest_int("num_leaves", 15, 255), "max_depth": trial.suggest_int("max_depth", 4, 10),
+            "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True)}
+
+
+def _cluster_where() -> dict[str, Any]:
+    """Inside a Ray task: its node, process and the OMP_NUM_THREADS Ray gave it."""
+    import ray
+
+    return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS")}
+
+
+def _cluster_warm(rows: int, lib: str) -> dict[str, Any]:
+    """Inside a Ray task: import the library and make the data, as a long-lived trial worker has."""
+    __import__("sklearn.ensemble" if lib == "sklearn" else lib)
+    _trial_data(rows)
+    time.sleep(0.5)  # hold this worker so every CPU of the run gets a warm-up of its own
+    return _cluster_where()
+
+
+def _cluster_trial(params: dict[str, Any], rows: int, trees: int, lib: str) -> dict[str, Any]:
+    """Inside a Ray task: one trial with the library's default threads (what the task's reservation
+    gives it), and the OpenMP and BLAS threads its libraries run, as threadpoolctl reads them."""
+    from threadpoolctl import threadpool_info
+
+    where = _cluster_where()
+    t0 = time.perf_counter()
+    loss = _trial((params, None, rows, trees, lib))
+    pools = threadpool_info()
+    where.update(loss=loss, seconds=time.perf_counter() - t0,
+                 threads=max((pool["num_threads"] for pool in pools if pool.get("user_api") == "openmp"), default=None),
+                 blas_threads=max((pool["num_threads"] for pool in pools if pool.get("user_api") == "blas"), default=None))
+    return where
+
+
+def w_cluster(p: dict[str, Any]) -> dict[str, Any]:
+    """The hpo workload's study on a Ray cluster (role ray), driven from its head: every trial a Ray
+    task reserving the plan's CPUs per trial, spread over every node, then the same trials on the
+    head alone. An in-memory Optuna study asks and tells on the driver (one writer, no journal)."""
+    import importlib.util
+
+    missing = _missing("ray", "distributed") or _missing("optuna", "hpo")
+    if missing:
+        return missing
+    import optuna
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    with open(p["ray_config"], encoding="utf-8") as f:
+        cfg = json.load(f)
+    s = PROFILES[p["profile"]]
+    lib = next((m for m in ("lightgbm", "xgboost") if importlib.util.find_spec(m)), "sklearn")
+    per_trial = int(cfg.get("trial_cpus") or 1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ray.init(address=cfg["address"], _node_ip_address=cfg["node_address"], logging_level="WARNING", log_to_driver=False)
+    try:
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        names = {n["NodeID"]: n.get("NodeName") or n["NodeManagerAddress"] for n in alive}
+        head = next((n["NodeID"] for n in alive if n["NodeManagerAddress"] == cfg["node_address"]), None)
+        if head is None:
+            return {"error": f"cluster: the head {cfg['node_address']} is not among the cluster's nodes"}
+        slots = {n["NodeID"]: int(n["Resources"].get("CPU", 0)) // per_trial for n in alive}
+        count = sum(slots.values()) * s["hpo_trials_per_worker"]
+        queue = _hpo_queue(count)
+        trial = ray.remote(num_cpus=per_trial)(_cluster_trial)
+        warm = ray.remote(num_cpus=per_trial)(_cluster_warm)
+
+        def study_run(strategy: Any, warm_tasks: int) -> dict[str, Any]:
+            study = optuna.create_study(direction="minimize")
+            for params in queue:
+                study.enqueue_trial(params)
+            # Every CPU slot's worker started and warmed before the clock runs.
+            ray.get([warm.options(scheduling_strategy=strategy).remote(s["hpo_rows"], lib) for _ in range(warm_tasks)])
+            t0 = time.perf_counter()
+            asked = [study.ask() for _ in range(count)]
+            refs = [trial.options(scheduling_strategy=strategy).remote(_suggest(t), s["hpo_rows"], s["hpo_trees"], lib)
+                    for t in asked]
+            done, errors = [], []
+            for t, ref in zip(asked, refs, strict=True):
+                try:
+                    r = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - a lost trial is the finding
+                    study.tell(t, state=optuna.trial.TrialState.FAIL)
+                    errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                    continue
+                study.tell(t, r["loss"])
+                done.append(r)
+            secs = time.perf_counter() - t0
+            per_node: dict[str, int] = {}
+            for r in done:
+                per_node[names.get(r["node"], r["node"])] = per_node.get(names.get(r["node"], r["node"]), 0) + 1
+            return {"trials": len(done), "trials_expected": count, "seconds": secs,
+                    "trials_per_min": len(done) / secs * 60 if secs > 0 else None,
+                    "per_node": per_node, "processes_seen": len({(r["node"], r["pid"]) for r in done}),
+                    "threads_seen": sorted({r["threads"] for r in done if r["threads"] is not None}),
+                    "blas_threads_seen": sorted({r["blas_threads"] for r in done if r["blas_threads"] is not None}),
+                    "omp_seen": sorted({r["omp"] or "unset" for r in done}),
+                    "best_loss": min((r["loss"] for r in done), default=None), "errors": errors[:5]}
+
+        runs = {"cluster": study_run("SPREAD", sum(slots.values())),
+                "head": study_run(NodeAffinitySchedulingStrategy(node_id=head, soft=False), slots[head])}
+        nodes = [{"name": names[n["NodeID"]], "address": n["NodeManagerAddress"], "head": n["NodeID"] == head,
+                  "cpus": n["Resources"].get("CPU"), "memory_bytes": n["Resources"].get("memory"),
+                  "object_store_bytes": n["Resources"].get("object_store_memory")} for n in alive]
+    finally:
+        ray.shutdown()
+    return {"library": lib, "ray": ray.__version__, "optuna": optuna.__version__, "trial_cpus": per_trial,
+            "members": cfg.get("members", []), "member_addresses": cfg.get("member_addresses", []), "nodes": nodes,
+            "trials": count, "rows": s["hpo_rows"], "trees": s["hpo_trees"], "runs": runs,
+            "sampler": "the hpo workload's enqueued parameter sets, asked and told by one in-memory Optuna study on the head"}
 
 
 def w_parquet_write(p: dict[str, Any]) -> dict[str, Any]:
@@ -1882,7 +2012,7 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
 WORKERS = {"gemm": w_gemm, "clock": w_clock, "triad": w_triad, "gbdt": w_gbdt, "mlp": w_mlp, "hpo": w_hpo,
            "parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan, "inference": w_inference,
            "serving_model": w_serving_model, "sklearn": w_sklearn, "features": w_features, "matrix": w_matrix,
-           "dataloader": w_dataloader, "tensorflow": w_tensorflow}
+           "dataloader": w_dataloader, "tensorflow": w_tensorflow, "cluster": w_cluster}
 
 
 def worker(params: dict[str, Any]) -> None:
@@ -1907,7 +2037,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", choices=tuple(PROFILES), default="quick")
     r.add_argument("--data-dir", default=None, help="the data mount; /var/tmp when it is not a mount point")
     r.add_argument("--plan", default=PLAN_FILE)
-    r.add_argument("--only", nargs="*", choices=TASKS, help="only these workloads")
+    r.add_argument("--only", nargs="*", choices=TASKS + CLUSTER_TASKS, help="only these workloads")
+    r.add_argument("--ray-config", default=RAY_CONFIG, help="the Ray node's configuration (role ray), for the cluster run")
     r.add_argument("--serve-script", default=None,
                    help="the model server (roles/serving/files/provisioner_serve.py; default: next to this script)")
     r.add_argument("--serving-config", default=SERVING_CONFIG,

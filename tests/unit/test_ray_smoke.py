@@ -1,0 +1,79 @@
+"""provisioner smoke --cluster: the judgement of the distributed trials (every trial ran, on every
+node, with the threads its reservation gives), and the cluster run being opt-in in the script."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from provisioner import smoke
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def raw_cluster() -> dict:
+    run = {
+        "trials": 12,
+        "trials_expected": 12,
+        "seconds": 30.0,
+        "trials_per_min": 24.0,
+        "threads_seen": [1],
+        "per_node": {"ray-h": 4, "ray-w1": 4, "ray-w2": 4},
+        "errors": [],
+    }
+    head = {**run, "seconds": 36.0, "trials_per_min": 20.0, "per_node": {"ray-h": 12}}
+    return {
+        "library": "sklearn",
+        "ray": "2.60.0",
+        "optuna": "5.0.0",
+        "trial_cpus": 1,
+        "members": ["ray-h", "ray-w1", "ray-w2"],
+        "trials": 12,
+        "rows": 100_000,
+        "trees": 40,
+        "sampler": "enqueued",
+        "runs": {"cluster": run, "head": head},
+        "nodes": [{"name": n, "cpus": 2.0} for n in ("ray-h", "ray-w1", "ray-w2")],
+    }
+
+
+def test_a_complete_run_passes_with_the_ratio_to_the_head_alone():
+    (check,) = smoke.cluster_checks(raw_cluster())
+    assert check.status == smoke.PASS, check.reason
+    assert check.figure == 24.0 and check.limit == 20.0 and check.ratio == pytest.approx(1.2)
+    assert "ray-h 4, ray-w1 4, ray-w2 4" in check.reason and "1 thread(s) each" in check.reason
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda r: r["runs"]["cluster"].update(trials=11), "cluster: 11 of 12 trials completed"),
+        (lambda r: r["runs"]["cluster"]["per_node"].pop("ray-w2"), "ray-w2 ran no trial"),
+        (lambda r: r["runs"]["head"].update(threads_seen=[1, 2]), "trials ran [2] OpenMP threads"),
+        (lambda r: r["nodes"].pop(), "member(s) ray-w2 not in the cluster"),
+    ],
+)
+def test_lost_work_fails_naming_it(change, named):
+    raw = copy.deepcopy(raw_cluster())
+    change(raw)
+    (check,) = smoke.cluster_checks(raw)
+    assert check.status == smoke.FAIL and named in check.reason, check.reason
+
+
+def test_a_missing_component_is_a_skip_and_the_judgement_runs_through_evaluate():
+    (check,) = smoke.cluster_checks({"skipped": "ray is not installed (component distributed)"})
+    assert check.status == smoke.SKIP
+    report = smoke.evaluate({"mode": "baseline", "results": {"cluster": raw_cluster()}})
+    assert [c.id for c in report.checks] == ["cluster.trials"]
+
+
+def test_the_cluster_run_is_only_run_when_named():
+    spec = importlib.util.spec_from_file_location("provisioner_smoke", ROOT / "roles/smoke/files/provisioner_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert "cluster" not in module.TASKS and module.CLUSTER_TASKS == ("cluster",)
+    assert module.WORKERS["cluster"] is module.w_cluster
+    assert module._hpo_queue(4) == module._hpo_queue(4)[:4] and len(module._hpo_queue(6)) == 6
