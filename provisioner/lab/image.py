@@ -66,6 +66,7 @@ if [ -r "$fw/hostname/raw" ]; then
     name=$(cat "$fw/hostname/raw")
     echo "$name" > /etc/hostname
     hostname "$name"
+    touch /etc/hosts
     sed -i '/^127\\.0\\.1\\.1[[:space:]]/d' /etc/hosts
     printf '127.0.1.1\\t%s\\n' "$name" >> /etc/hosts
 fi
@@ -98,6 +99,8 @@ Wants=network-pre.target
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/usr/local/sbin/provisioner-lab-seed
+StandardOutput=journal+console
+StandardError=journal+console
 
 [Install]
 WantedBy=multi-user.target
@@ -123,6 +126,7 @@ BAKED: dict[str, tuple[str, int]] = {
     "etc/ssh/sshd_config.d/provisioner-lab.conf": (SSHD_CONF, 0o644),
     "etc/initramfs-tools/conf.d/provisioner-lab": (INITRAMFS_CONF, 0o644),
     "etc/resolv.conf": ("nameserver 10.0.2.3\n", 0o644),
+    "etc/hosts": ("127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n", 0o644),
 }
 ENABLE_UNITS = ("provisioner-lab-seed.service", "ssh.service", "systemd-networkd.service")
 # apt's daily timers would take the dpkg lock at random moments (see rootfs.py).

@@ -1,0 +1,193 @@
+"""The storage and hugepages roles on a real kernel: one lab VM (qemu, Debian 12's own kernel,
+grub on its disk) with two virtual NVMe drives, booted once for the module (marked lab).
+
+What a container cannot show, proven here through `provisioner up` itself:
+- mdadm RAID0 + XFS on both drives: the array built with the planned chunk, XFS's stripe unit
+  and width matching chunk and drive count (xfs_info), mounted by UUID with nofail, the array
+  named in mdadm.conf and that mdadm.conf inside the initramfs;
+- a second run changes nothing, and with `--reboot` reboots the VM exactly once for the 1 GiB
+  hugepages on the kernel command line (through grub: the VM boots from its disk);
+- after the reboot the array assembles under its name from the initramfs, the filesystem is
+  mounted again with a file's checksum intact, and the 1 GiB page is reserved.
+
+Software emulation (KVM does not run guests on every host, see provisioner/lab/vm.py) makes
+every task slow, so the runs use Mitogen (PROVISIONER_STRATEGY=mitogen) and only the two roles'
+tags. Times of the image build, the boot, each run and the reboot are printed (pytest -s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from provisioner import lab
+from provisioner.errors import ExitCode
+from provisioner.lab.image import ensure_image
+
+pytestmark = pytest.mark.lab
+
+BIN = Path(sys.executable).parent / "provisioner"
+NAME = "vm-test"
+CHUNK_KB = 512
+STORAGE = ("--tags", "storage,hugepages")
+TIMES: dict[str, float] = {}
+
+
+def _vars(server: lab.LabServer) -> list[str]:
+    devices = ",".join(server.drives)
+    return [
+        "-e",
+        f"storage_devices=[{devices}]",
+        "-e",
+        "storage_backend=mdadm",
+        "-e",
+        "storage_level=raid0",
+        "-e",
+        f"storage_chunk_kb={CHUNK_KB}",
+        "-e",
+        "hugepages_size=1G",
+        "-e",
+        "hugepages_count=1",
+    ]
+
+
+def cli_json(*args: str, timeout: float = 2400) -> tuple[int, dict, list[str], list[str]]:
+    """Exit code, data, errors and messages of the JSON envelope."""
+    env = {**os.environ, "PROVISIONER_STRATEGY": "mitogen"}
+    r = subprocess.run([str(BIN), *args, "--json"], capture_output=True, text=True, timeout=timeout, env=env)
+    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
+    envelope = json.loads(r.stdout)
+    assert envelope["exit_code"] == r.returncode, envelope
+    return r.returncode, envelope["data"], envelope["errors"], envelope["messages"]
+
+
+def ssh(server: lab.LabServer, command: str, timeout: float = 300) -> str:
+    r = subprocess.run(
+        ["ssh", "-F", str(server.ssh_config), server.name, command], capture_output=True, text=True, timeout=timeout
+    )
+    assert r.returncode == 0, f"{command}: {r.stdout}{r.stderr}"
+    return r.stdout
+
+
+def vm_requirements() -> None:
+    reason = lab.missing_requirement() or lab.missing_vm_requirement()
+    if reason and os.environ.get("PROVISIONER_REQUIRE_LAB") == "1":
+        pytest.fail(f"lab VMs are required here but unavailable: {reason}")
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def vm_server():
+    vm_requirements()
+    start = time.monotonic()
+    ensure_image()
+    TIMES["image (built or cached)"] = time.monotonic() - start
+    start = time.monotonic()
+    try:
+        server = lab.up_vm(NAME, drives=2, drive_size="2G")
+        TIMES["boot to ssh"] = time.monotonic() - start
+        yield server
+    finally:
+        lab.down(NAME)
+        print("\nlab VM times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in TIMES.items()))
+
+
+def _run_seconds(data: dict) -> tuple[float, int]:
+    run = data["run"]
+    tasks = sum(h["ok"] + h["skipped"] for h in run["hosts"].values())
+    return run["seconds"], tasks
+
+
+@pytest.fixture(scope="module")
+def first_up(vm_server):
+    rc, data, errors, messages = cli_json("up", "-i", str(vm_server.inventory), *STORAGE, "--no-verify", *_vars(vm_server))
+    if data:
+        TIMES["first run"], tasks = _run_seconds(data)
+        TIMES["first run per task"] = TIMES["first run"] / max(tasks, 1)
+    return rc, data, errors, messages
+
+
+def test_raid0_and_xfs_are_built_on_the_nvme_drives_and_persisted(vm_server, first_up):
+    rc, data, errors, messages = first_up
+    assert rc == ExitCode.OK, errors
+    assert data["run"]["hosts"][NAME]["changed"] > 0
+    detail = ssh(vm_server, "mdadm --detail /dev/md/data")
+    assert re.search(r"Raid Level : raid0", detail), detail
+    assert re.search(r"Raid Devices : 2", detail) and re.search(rf"Chunk Size : {CHUNK_KB}K", detail), detail
+    members = ssh(vm_server, "for d in " + " ".join(vm_server.drives) + "; do readlink -f $d; done").split()
+    assert all(m in detail for m in members), (members, detail)
+    # XFS aligned to the array: stripe unit = chunk, width = chunk x drives (in 4 KiB blocks).
+    xfs = ssh(vm_server, "xfs_info /data")
+    sunit, swidth = (int(x) for x in re.search(r"sunit=(\d+)\s+swidth=(\d+) blks", xfs).groups())
+    assert (sunit, swidth) == (CHUNK_KB // 4, 2 * CHUNK_KB // 4), xfs
+    uuid = ssh(vm_server, "blkid -s UUID -o value /dev/md/data").strip()
+    fstab = [line.split() for line in ssh(vm_server, "cat /etc/fstab").splitlines() if "/data" in line]
+    assert len(fstab) == 1 and fstab[0][0] == f"UUID={uuid}" and fstab[0][2] == "xfs", fstab
+    assert "nofail" in fstab[0][3].split(","), fstab
+    array_line = [line for line in ssh(vm_server, "cat /etc/mdadm/mdadm.conf").splitlines() if line.startswith("ARRAY")]
+    assert len(array_line) == 1 and array_line[0].startswith("ARRAY /dev/md/data "), array_line
+    # The initramfs carries that mdadm.conf (else the array comes back as /dev/md127 at boot).
+    inside = ssh(
+        vm_server,
+        "rm -rf /tmp/i && unmkinitramfs /boot/initrd.img-$(uname -r) /tmp/i && "
+        "find /tmp/i -path '*etc/mdadm/mdadm.conf' -exec grep -h '^ARRAY' {} +",
+    )
+    assert inside.strip().splitlines() == array_line, inside
+    assert any("reboot pending" in m and "hugepages" in m for m in messages), messages
+
+
+@pytest.fixture(scope="module")
+def rebooted_up(vm_server, first_up):
+    assert first_up[0] == ExitCode.OK, first_up[2]
+    ssh(vm_server, "head -c 8M /dev/urandom > /data/probe && sync")
+    before = {
+        "sha": ssh(vm_server, "sha256sum /data/probe").split()[0],
+        "boot_id": ssh(vm_server, "cat /proc/sys/kernel/random/boot_id").strip(),
+    }
+    start = time.monotonic()
+    result = cli_json("up", "-i", str(vm_server.inventory), *STORAGE, "--reboot", *_vars(vm_server))
+    TIMES["second run + reboot + verify"] = time.monotonic() - start
+    data = result[1]
+    if data:
+        TIMES["second run"], tasks = _run_seconds(data)
+        TIMES["second run per task"] = TIMES["second run"] / max(tasks, 1)
+        if data.get("rebooted"):
+            TIMES["reboot run"] = data["rebooted"]["seconds"]
+    return result, before
+
+
+def test_a_second_run_changes_nothing_and_reboots_once(rebooted_up):
+    (rc, data, errors, _), _ = rebooted_up
+    assert rc == ExitCode.OK, errors
+    assert data["run"]["hosts"][NAME]["changed"] == 0, data["run"]["changes"]
+    assert list(data["reboot"]["reboot"]) == [NAME], data["reboot"]
+    assert data["rebooted"]["hosts"][NAME]["failed"] == 0
+
+
+def test_after_the_reboot_the_array_assembles_under_its_name_with_the_data_intact(vm_server, rebooted_up):
+    _, before = rebooted_up
+    assert ssh(vm_server, "cat /proc/sys/kernel/random/boot_id").strip() != before["boot_id"]
+    assert "hugepagesz=1G" in ssh(vm_server, "cat /proc/cmdline")  # the line grub read from the disk
+    kernel_name = ssh(vm_server, "readlink -f /dev/md/data").strip()
+    assert re.fullmatch(r"/dev/md\d+", kernel_name), kernel_name
+    assert re.search(r"Name : \S*:?data\b", ssh(vm_server, "mdadm --detail /dev/md/data"))
+    assert ssh(vm_server, "findmnt -n -o SOURCE,FSTYPE /data").split() == [kernel_name, "xfs"]
+    assert ssh(vm_server, "sha256sum /data/probe").split()[0] == before["sha"]
+    assert ssh(vm_server, "cat /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages").strip() == "1"
+
+
+def test_the_verify_after_the_reboot_passes(rebooted_up):
+    (rc, data, errors, _), _ = rebooted_up
+    assert rc == ExitCode.OK, errors
+    verified = data["verify"]
+    assert verified is not None and verified["exit_code"] == 0, verified
+    roles = verified["roles"][NAME]
+    assert roles["storage"]["outcome"] == roles["hugepages"]["outcome"] == "passed", roles
