@@ -71,9 +71,12 @@ def offline(wheelhouse):
     return ["-e", f"mlstack_wheelhouse={wheelhouse}"]
 
 
-# The baseline measures three workloads (the before -> after pairs the tests need); the smoke
-# test that ends `up` runs them all.
-BASELINE_WORKLOADS = "smoke_workloads=[gemm,hpo,inference]"
+# The baseline measures one workload, GEMM, in a stock environment of what it imports: the
+# before -> after pair is built the same way for every check (tests/unit/test_smoke.py), while a
+# baseline of the Optuna study and the inference loop took 224 of its 338 s here (every trial and
+# the model on all threads at once, as stock libraries run them). The smoke test that ends `up`
+# runs every workload.
+BASELINE = ("-e", "smoke_workloads=[gemm]", "-e", "smoke_baseline_packages=[numpy,threadpoolctl]")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +85,7 @@ def provisioned(lab_server, offline, wheelhouse):
     change), a real run without the smoke test and a second run that ends with it."""
     inv = str(lab_server.inventory)
     baseline_rc, baseline = cli_json(
-        "smoke", "-i", inv, "--baseline", "-e", f"smoke_baseline_wheelhouse={wheelhouse}", "-e", BASELINE_WORKLOADS
+        "smoke", "-i", inv, "--baseline", "-e", f"smoke_baseline_wheelhouse={wheelhouse}", *BASELINE
     )
     check_rc, check = cli_json("up", "-i", inv, "--check", *offline)
     ml_user_after_check = ssh(lab_server, "id ml").returncode
@@ -149,9 +152,7 @@ def test_baseline_measures_the_unprovisioned_machine(provisioned):
     assert not [c for c in checks if c.startswith("config.")], "a baseline has no plan to hold the configuration to"
     assert checks["compute.dgemm_all"]["figure"] > 0
     assert "library default" in checks["compute.dgemm_all"]["detail"]
-    hpo = checks["hpo.parallel"]
-    assert hpo["figure"] and hpo["figure"] > 0 and "library default" in hpo["reason"], hpo
-    assert not [c for c in checks if c.startswith("gbdt")]  # not among the chosen workloads
+    assert not [c for c in checks if c.startswith(("gbdt", "hpo"))]  # not among the chosen workloads
 
 
 def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
@@ -194,9 +195,9 @@ def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
         assert checks[key]["figure"] > 0 and checks[key]["limit"] > 0, checks[key]
     # The baseline measured before provisioning sits next to the tuned figures.
     assert rep["baseline_started"] == provisioned["baseline"][1]["hosts"][host]["started"]
-    for key in ("compute.dgemm_all", "hpo.parallel", "inference.p99"):
+    for key in ("compute.dgemm_all", "compute.sgemm_one"):
         assert checks[key]["baseline"] > 0 and checks[key]["gain"] > 0, checks[key]
-    assert checks["data.parquet"]["baseline"] is None  # not measured before
+    assert checks["hpo.parallel"]["baseline"] is None  # not measured before
     html = Path(smoke["html"]).read_text()
     assert host in html and "DGEMM, all cores" in html
 
