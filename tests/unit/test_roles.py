@@ -158,3 +158,29 @@ def test_a_bad_choice_is_refused_by_the_spec_naming_the_option(tmp_path):
     errors = " ".join(failed[0]["hosts"]["localhost"]["argument_errors"])
     assert "storage_level must be one of: raid0, raid1, raid10, single, got: raid5" in errors
     assert "storage_chunk_kb must be one of" in errors
+
+
+def _tasks(node):
+    """Every task mapping in a task file, blocks and their rescue/always included."""
+    for task in node if isinstance(node, list) else []:
+        if isinstance(task, dict):
+            yield task
+            for key in ("block", "rescue", "always"):
+                yield from _tasks(task.get(key))
+
+
+COMMAND_MODULES = ("ansible.builtin.command", "ansible.builtin.script", "ansible.builtin.shell")
+
+
+def test_a_command_line_written_folded_stays_one_line():
+    """A folded scalar (>-) keeps the newline around a line indented further than the first:
+    the shell then runs the rest as a second command (`--serve-script: not found`)."""
+    broken = []
+    for path in sorted((ROOT / "roles").glob("*/tasks/*.yml")):
+        for task in _tasks(load(path)):
+            for module in COMMAND_MODULES:
+                args = task.get(module)
+                line = args.get("cmd") if isinstance(args, dict) else args
+                if module != "ansible.builtin.shell" and isinstance(line, str) and "\n" in line.strip():
+                    broken.append(f"{path.relative_to(ROOT)}: {task.get('name')}")
+    assert broken == []
