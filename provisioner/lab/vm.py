@@ -53,6 +53,7 @@ DEFAULT_DRIVE_SIZE = "4G"
 BOOT_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 10.0
 CONSOLE_TAIL_LINES = 6
+CONSOLE_LINE_CHARS = 160
 SERIAL_PREFIX = "DATA"
 # What the guest sees for a drive with serial S (udev's by-id name of a qemu NVMe controller).
 BY_ID_PREFIX = "/dev/disk/by-id/nvme-QEMU_NVMe_Ctrl_"
@@ -286,7 +287,11 @@ def is_our_qemu(pid: int, name: str) -> bool:
     if pid <= 0:
         return False
     proc = _CHILDREN.get(pid)
-    if proc is not None and proc.poll() is not None:
+    if proc is not None:
+        # Our own child: its exit status says it, not /proc (whose cmdline can read empty
+        # while the process is still setting up right after exec).
+        if proc.poll() is None:
+            return True
         del _CHILDREN[pid]
         return False
     try:
@@ -305,8 +310,10 @@ def console_tail(console: Path, lines: int = CONSOLE_TAIL_LINES) -> str:
         text = console.read_bytes().decode(errors="replace")
     except OSError:
         return "(no console output)"
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\r", "", text)
-    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][0-9A-Za-z]|\r", "", text)
+    # Boot loader menus draw with spaces and box lines: squeeze them, cut very long lines.
+    squeezed = (re.sub(r"\s{2,}|[-+|]{3,}", " ", line).strip()[:CONSOLE_LINE_CHARS] for line in text.splitlines())
+    kept = [line for line in squeezed if line][-lines:]
     return " | ".join(kept) if kept else "(no console output)"
 
 
@@ -323,7 +330,8 @@ def wait_ssh(name: str, pid: int, port: int, console: Path, timeout: float) -> N
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not is_our_qemu(pid, name):
-            raise LabError(f"lab VM {name} stopped while booting; console: {console_tail(console)}")
+            qemu_said = console_tail(console.with_name("qemu.log"), 2)
+            raise LabError(f"lab VM {name} stopped while booting; qemu said: {qemu_said}; console: {console_tail(console)}")
         if ssh_banner(port):
             return
         time.sleep(1.0)
