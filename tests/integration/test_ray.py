@@ -1,0 +1,299 @@
+"""A Ray cluster of three lab servers (a head and two workers) set up by role ray over real SSH.
+
+The runs apply common, mlstack (core, hpo and distributed from a wheelhouse), thread_env (whose
+thread variables the Ray units must clear) and ray only (`--tags`, no verify). Proven here: every
+node joins with the plan's CPUs and memory, a job's tasks run on every node with the threads their
+reservation gives, a stopped worker leaves and rejoins when started again, a killed one is
+restarted by systemd and rejoins, the dashboard (when the environment has it) answers on loopback
+only, Ray's ports are refused to an address outside the cluster (this machine's end of the lab
+network), a second run changes nothing, `provisioner smoke --cluster` passes, bad input is refused
+before any host changes, and undo takes it all away. The three servers boot in parallel and are
+shared by every test of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from provisioner import bundle, lab
+from provisioner.errors import ExitCode
+
+pytestmark = pytest.mark.lab
+
+BIN = Path(sys.executable).parent / "provisioner"
+HEAD, WORKERS = "ray-h", ("ray-w1", "ray-w2")
+NAMES = (HEAD, *WORKERS)
+COMPONENTS = ["core", "hpo", "distributed"]
+PORT = 6379
+
+
+def selection(wheelhouse: str) -> tuple[str, ...]:
+    return (
+        "--tags",
+        "common,mlstack,thread_env,ray",
+        "--no-verify",
+        "-e",
+        f"mlstack_wheelhouse={wheelhouse}",
+        "-e",
+        f"mlstack_components=[{','.join(COMPONENTS)}]",
+    )
+
+
+def cli_json(*args: str, timeout: int = 1500) -> tuple[int, dict, list[str]]:
+    r = subprocess.run([str(BIN), *args, "--json"], capture_output=True, text=True, timeout=timeout)
+    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
+    envelope = json.loads(r.stdout)
+    assert envelope["exit_code"] == r.returncode, envelope
+    return r.returncode, envelope["data"], envelope["errors"]
+
+
+def ssh(server: lab.LabServer, command: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ssh", "-F", str(server.ssh_config), server.name, command], capture_output=True, text=True, timeout=timeout
+    )
+
+
+# Run on the head as the ML user: a driver of its own (a job) that prints one JSON line.
+DRIVER = r"""
+import json, os, sys, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+cfg = json.load(open("/etc/provisioner/ray/ray.json"))
+what, args = sys.argv[1], sys.argv[2:]
+ray.init(address=cfg["address"], _node_ip_address=cfg["node_address"], logging_level="ERROR", log_to_driver=False)
+
+def alive():
+    return [n for n in ray.nodes() if n["Alive"]]
+
+def threads():
+    import numpy, sklearn.ensemble  # OpenBLAS and scikit-learn's OpenMP, loaded inside the task
+    from threadpoolctl import threadpool_info
+    pools = {p["user_api"]: p["num_threads"] for p in threadpool_info()}
+    return {"node": ray.get_runtime_context().get_node_id(), "omp": os.environ.get("OMP_NUM_THREADS"),
+            "blas": pools.get("blas"), "openmp": pools.get("openmp")}
+
+if what == "nodes":
+    print(json.dumps(alive()))
+elif what == "wait":  # wait until exactly N nodes are alive
+    want, deadline = int(args[0]), time.time() + float(args[1])
+    while len(alive()) != want and time.time() < deadline:
+        time.sleep(1)
+    print(json.dumps(alive()))
+elif what == "threads":  # tasks reserving N CPUs: spread over the cluster, or one on each node
+    cpus = int(args[0])
+    task = ray.remote(num_cpus=cpus)(threads)
+    if cpus == 1:
+        refs = [task.options(scheduling_strategy="SPREAD").remote() for _ in range(12)]
+    else:
+        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+                for n in alive()]
+    names = {n["NodeID"]: n["NodeName"] for n in alive()}
+    print(json.dumps([{**r, "node": names[r["node"]]} for r in ray.get(refs)]))
+"""
+
+
+def driver(head: lab.LabServer, *args: str, timeout: int = 180):
+    command = shlex.join(["runuser", "-u", "ml", "--", "/opt/mlstack/bin/python", "-c", DRIVER, *args])
+    r = ssh(head, command, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def read_json(server: lab.LabServer, path: str) -> dict:
+    r = ssh(server, f"cat {shlex.quote(path)}")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def connects(address: str, port: int) -> bool | str:
+    """True when a TCP connection from this machine is accepted, else the error."""
+    try:
+        with socket.create_connection((address, port), timeout=5):
+            return True
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def write_inventory(path: Path, hosts: dict, head: list[str], workers: list[str]) -> str:
+    groups = {"ray_head": {"hosts": {h: hosts[h] for h in head}}, "ray_workers": {"hosts": {h: hosts[h] for h in workers}}}
+    path.write_text(yaml.safe_dump({"all": {"children": groups}}, sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cluster(lab_requirements, tmp_path_factory):
+    """Three lab servers booted in parallel, ray-h in ray_head and the others in ray_workers, the
+    first `up` and the second one."""
+    wheelhouse = str(bundle.build_wheelhouse(bundle.default_wheelhouse(), COMPONENTS).path)
+    with ThreadPoolExecutor(len(NAMES)) as pool:
+        servers = dict(zip(NAMES, pool.map(lab.up, NAMES), strict=True))
+    try:
+        hosts: dict = {}
+        for server in servers.values():
+            hosts.update(yaml.safe_load(server.inventory.read_text())["all"]["children"]["lab"]["hosts"])
+        where = tmp_path_factory.mktemp("ray")
+        inventory = write_inventory(where / "hosts.yml", hosts, [HEAD], list(WORKERS))
+        first = cli_json("up", "-i", inventory, *selection(wheelhouse))
+        second = cli_json("up", "-i", inventory, *selection(wheelhouse))
+        yield {
+            "servers": servers,
+            "hosts": hosts,
+            "inventory": inventory,
+            "dir": where,
+            "wheelhouse": wheelhouse,
+            "first": first,
+            "second": second,
+        }
+    finally:
+        for name in NAMES:
+            lab.down(name)
+
+
+def test_one_run_starts_the_cluster_and_a_second_changes_nothing(cluster):
+    rc, first, errors = cluster["first"]
+    assert rc == ExitCode.OK, errors
+    assert all(first["hosts"][n]["changed"] > 0 and first["hosts"][n]["failed"] == 0 for n in NAMES), first["hosts"]
+    rc, second, errors = cluster["second"]
+    assert rc == ExitCode.OK, errors
+    assert {n: h["changed"] for n, h in second["hosts"].items()} == dict.fromkeys(NAMES, 0)
+
+
+def test_every_node_joins_with_the_planned_cpus_and_memory(cluster):
+    servers = cluster["servers"]
+    nodes = {n["NodeName"]: n for n in driver(servers[HEAD], "wait", "3", "120")}
+    assert set(nodes) == set(NAMES)
+    for name, server in servers.items():
+        plan = read_json(server, "/etc/provisioner/plan.json")["values"]
+        config = read_json(server, "/etc/provisioner/ray/ray.json")
+        resources = nodes[name]["Resources"]
+        assert nodes[name]["NodeManagerAddress"] == server.address
+        assert resources["CPU"] == plan["ray_num_cpus"] == config["num_cpus"]
+        assert abs(resources["memory"] - plan["ray_memory_bytes"]) < 2**20, (resources, plan)
+        # The plan's store, capped at 90% of /dev/shm (a lab server's /dev/shm is small).
+        assert config["object_store_planned_bytes"] == plan["ray_object_store_bytes"]
+        assert config["object_store_bytes"] <= plan["ray_object_store_bytes"]
+        assert abs(resources["object_store_memory"] - config["object_store_bytes"]) < 2**20, (resources, config)
+        assert config["node"] == ("head" if name == HEAD else "worker")
+
+
+def test_tasks_run_on_every_node_with_the_threads_of_their_reservation(cluster):
+    """thread_env sets OMP_NUM_THREADS to every core for services; the Ray units clear it, so Ray
+    gives each task its reservation and OpenBLAS and OpenMP run that many threads."""
+    head = cluster["servers"][HEAD]
+    service_env = ssh(head, "systemctl show-environment; cat /etc/systemd/system.conf.d/60-provisioner-threads.conf")
+    assert "OMP_NUM_THREADS=2" in service_env.stdout, service_env.stdout
+    one = driver(head, "threads", "1")
+    assert {r["node"] for r in one} == set(NAMES), one
+    assert {(r["omp"], r["blas"], r["openmp"]) for r in one} == {("1", 1, 1)}, one
+    two = driver(head, "threads", "2")
+    assert sorted(r["node"] for r in two) == sorted(NAMES)
+    assert {(r["omp"], r["blas"], r["openmp"]) for r in two} == {("2", 2, 2)}, two
+
+
+def test_ray_ports_are_refused_outside_the_cluster_and_open_inside(cluster):
+    """This machine reaches the lab servers from its end of their links (10.213.N.1), an address
+    outside the cluster: a TCP reset. A member connects."""
+    servers = cluster["servers"]
+    head, worker = servers[HEAD], servers[WORKERS[0]]
+    assert connects(head.address, PORT) == "ConnectionRefusedError"
+    assert connects(worker.address, 6380) == "ConnectionRefusedError"  # a worker's node manager
+    inside = ssh(worker, f"timeout 5 bash -c 'exec 3<>/dev/tcp/{head.address}/{PORT}' && echo open")
+    assert inside.stdout.strip() == "open", inside.stderr
+    table = ssh(head, "nft list table inet provisioner_ray")
+    assert table.returncode == 0 and all(s.address in table.stdout for s in servers.values()), table.stdout
+
+
+def test_the_dashboard_answers_on_loopback_only(cluster):
+    head = cluster["servers"][HEAD]
+    config = read_json(head, "/etc/provisioner/ray/ray.json")
+    listeners = ssh(head, "ss -ltnH")
+    assert f"{head.address}:8265" not in listeners.stdout and "0.0.0.0:8265" not in listeners.stdout
+    assert connects(head.address, 8265) == "ConnectionRefusedError"
+    if config["dashboard"] is None:
+        pytest.skip("the ML environment has no Ray dashboard: the lock's distributed component is ray[tune], not ray[default]")
+    local = ssh(
+        head, "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8265/api/version').status)\""
+    )
+    assert local.stdout.strip() == "200", local.stderr
+
+
+def test_a_stopped_worker_leaves_and_rejoins_and_a_killed_one_is_restarted(cluster):
+    servers = cluster["servers"]
+    head, w2, w1 = servers[HEAD], servers[WORKERS[1]], servers[WORKERS[0]]
+    assert ssh(w2, "systemctl stop provisioner-ray.service").returncode == 0
+    assert {n["NodeName"] for n in driver(head, "wait", "2", "90")} == {HEAD, WORKERS[0]}
+    assert ssh(w2, "systemctl start provisioner-ray.service").returncode == 0
+    assert {n["NodeName"] for n in driver(head, "wait", "3", "120")} == set(NAMES)
+    # A crash: systemd restarts the node (Restart=always) and it joins again.
+    before = ssh(w1, "systemctl show -p NRestarts --value provisioner-ray.service").stdout.strip()
+    assert ssh(w1, "kill -KILL $(systemctl show -p MainPID --value provisioner-ray.service)").returncode == 0
+    time.sleep(3)
+    nodes = driver(head, "wait", "3", "150")
+    assert {n["NodeName"] for n in nodes} == set(NAMES)
+    after = ssh(w1, "systemctl show -p NRestarts --value provisioner-ray.service").stdout.strip()
+    assert int(after) == int(before) + 1
+
+
+def test_smoke_cluster_runs_the_study_on_every_node(cluster):
+    rc, data, errors = cli_json("smoke", "--cluster", "-i", cluster["inventory"])
+    assert rc == ExitCode.OK, errors
+    assert list(data["hosts"]) == [HEAD], "the head drives the run, the workers measure nothing"
+    check = next(c for c in data["hosts"][HEAD]["checks"] if c["id"] == "cluster.trials")
+    assert check["status"] == "pass", check
+    assert check["figure"] > 0 and check["limit"] > 0
+    assert all(name in check["reason"] for name in NAMES), check["reason"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "extra", "named"),
+    [
+        ("both", (), "ray-w1 is in both ray_head and ray_workers"),
+        ("no head", (), "ray_workers has hosts but ray_head has none"),
+        ("head", ("-e", "ray_node_address=10.9.9.9"), "ray_node_address 10.9.9.9 is not one of"),
+        ("head", ("-e", "ray_dashboard_host=0.0.0.0"), "set ray_dashboard_allow_nonlocal: true"),
+    ],
+)
+def test_bad_input_is_refused_before_any_host_changes(cluster, layout, extra, named):
+    hosts = cluster["hosts"]
+    head, workers = {
+        "both": ([HEAD, WORKERS[0]], list(WORKERS)),
+        "no head": ([], list(WORKERS)),
+        "head": ([HEAD], list(WORKERS)),
+    }[layout]
+    inventory = write_inventory(cluster["dir"] / f"bad-{len(extra)}-{layout.replace(' ', '-')}.yml", hosts, head, workers)
+    rc, data, errors = cli_json("up", "-i", inventory, "--tags", "ray", "--no-verify", *extra, timeout=600)
+    assert rc == ExitCode.BAD_INPUT, errors
+    assert len(errors) == 1 and named in errors[0], errors
+    assert {h: d["changed"] for h, d in data["hosts"].items()} == dict.fromkeys(data["hosts"], 0), data["hosts"]
+
+
+def test_undo_stops_the_cluster_and_removes_the_units_and_rules(cluster):
+    """Last: the cluster goes."""
+    rc, _data, errors = cli_json("undo", "-i", cluster["inventory"], "--tags", "ray")
+    assert rc == ExitCode.OK, errors
+    for server in cluster["servers"].values():
+        left = ssh(
+            server,
+            "systemctl is-active provisioner-ray.service; ls /etc/systemd/system/provisioner-ray*;"
+            " nft list table inet provisioner_ray; ls /etc/provisioner/ray /var/lib/provisioner/ray",
+        )
+        assert left.stdout.split() == ["inactive"], left.stdout + left.stderr
+        assert (
+            ssh(
+                server, "test -e /var/lib/provisioner/originals/ray.json || test -e /etc/provisioner/originals/ray.json"
+            ).returncode
+            == 1
+        )
+    assert connects(cluster["servers"][HEAD].address, PORT) == "ConnectionRefusedError"
+    rc, _data, errors = cli_json("undo", "-i", cluster["inventory"], "--tags", "ray")
+    assert rc == ExitCode.OK, errors
