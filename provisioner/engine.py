@@ -51,8 +51,14 @@ _SOCKET_PATH_MAX = 104 - 17 - 1 - 40
 FORK_MEMORY_BYTES = 100 * 2**20
 RESERVED_MEMORY_BYTES = 2 * 2**30
 FORKS_ENV = "PROVISIONER_FORKS"
-# An opt-in execution strategy (see _strategy_env).
+# The execution strategy (see _strategy_env), PROVISIONER_STRATEGY=linear|mitogen for every
+# playbook. Unset: Mitogen's for the playbooks of many module tasks (a no-op re-run of site.yml
+# takes half the time), Ansible's own for the rest: one task or a few per host, where Mitogen
+# gains nothing, and `script` tasks, whose stderr Mitogen does not hand back apart (the status
+# script's one-line reason became "Shared connection to HOST closed").
 STRATEGY_ENV = "PROVISIONER_STRATEGY"
+DEFAULT_STRATEGY = "mitogen"
+MITOGEN_PLAYBOOKS = frozenset({"site.yml", "undo.yml"})
 
 # A run's event files (ansible-runner's job_events, a few KB each): about 2.5 per task and host,
 # 15 MB for site.yml on four hosts. Above this many hosts only the events that tell something
@@ -331,8 +337,9 @@ def _ssh_args(accept_new_host_keys: bool) -> str:
 
 
 def _strategy_env(choice: str | None) -> dict[str, str]:
-    """PROVISIONER_STRATEGY=mitogen: Mitogen's linear strategy (one Python interpreter kept per
-    host instead of a module upload per task), when the mitogen package is installed."""
+    """The environment of a strategy: "mitogen" runs Mitogen's linear strategy, one Python
+    interpreter kept per host instead of a module sent over SSH for every task; "linear" (or
+    None) is Ansible's own, also the way out when Mitogen misbehaves on a host."""
     if not choice or choice == "linear":
         return {}
     if choice != "mitogen":
@@ -341,7 +348,10 @@ def _strategy_env(choice: str | None) -> dict[str, str]:
 
     spec = importlib.util.find_spec("ansible_mitogen")
     if spec is None or not spec.submodule_search_locations:
-        raise BadInput(f"{STRATEGY_ENV}=mitogen needs the mitogen package beside provisioner: pip install mitogen")
+        raise BadInput(
+            f"{STRATEGY_ENV}=mitogen needs the mitogen package beside provisioner: pip install mitogen "
+            f"(a dependency of provisioner: reinstall it), or set {STRATEGY_ENV}=linear"
+        )
     # Mitogen's linear strategy with its CPU pinning switched off (plugins/strategy says why).
     return {"ANSIBLE_STRATEGY_PLUGINS": str(paths.PLUGINS / "strategy"), "ANSIBLE_STRATEGY": "provisioner_mitogen_linear"}
 
@@ -366,7 +376,12 @@ def shared_ssh_masters() -> Iterator[None]:
         config.unlink(missing_ok=True)
 
 
-def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
+def default_strategy(playbook: str) -> str:
+    """The strategy a playbook runs with when PROVISIONER_STRATEGY is unset (see MITOGEN_PLAYBOOKS)."""
+    return DEFAULT_STRATEGY if playbook in MITOGEN_PLAYBOOKS else "linear"
+
+
+def _run_env(accept_new_host_keys: bool, playbook: str = "") -> dict[str, str]:
     return {
         **_inventory_env(),
         "ANSIBLE_ROLES_PATH": str(paths.ROLES),
@@ -384,7 +399,7 @@ def _run_env(accept_new_host_keys: bool) -> dict[str, str]:
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "ANSIBLE_LOCALHOST_WARNING": "False",
         "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
-        **_strategy_env(os.environ.get(STRATEGY_ENV)),
+        **_strategy_env(os.environ.get(STRATEGY_ENV) or default_strategy(playbook)),
     }
 
 
@@ -458,7 +473,7 @@ def run_playbook(
             skip_tags=",".join(skip_tags) or None,
             extravars=extravars,
             cmdline=cmdline.strip() or None,
-            envvars=_run_env(accept_new_host_keys),
+            envvars=_run_env(accept_new_host_keys, playbook),
             forks=forks,
             event_handler=collector.handle,
             quiet=True,
