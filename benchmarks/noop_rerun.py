@@ -11,6 +11,7 @@ and the ten slowest tasks of the median run as profile_tasks measured them. Then
 the status script).
 
 Figures, never pass/fail: the lab server shares this machine's cores, so medians are printed.
+The strategy is provisioner's default (Mitogen); PROVISIONER_STRATEGY=linear measures Ansible's own.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from provisioner import bundle, lab
+from provisioner import bundle, engine, lab
 
 # The CLI of the provisioner package this interpreter imports (PYTHONPATH picks another tree).
 CLI = [sys.executable, "-c", "from provisioner.cli import main; main()"]
@@ -103,6 +104,8 @@ def main() -> None:
     walls = [r[0] for r in runs]
     _, ansible_seconds, host, artifacts = runs[len(runs) // 2]
     tasks = profile(artifacts)
+    strategy = os.environ.get(engine.STRATEGY_ENV) or engine.DEFAULT_STRATEGY
+    print(f"strategy: {strategy} ({engine.STRATEGY_ENV}=linear for Ansible's own)")
     print(f"converge (first run or already converged): {converge:.1f} s")
     print(
         f"no-op re-run of site.yml on {name}, median of {len(walls)}: {statistics.median(walls):.1f} s wall "
