@@ -18,7 +18,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -87,6 +86,14 @@ if what == "nodes":
 elif what == "wait":  # wait until exactly N nodes are alive
     want, deadline = int(args[0]), time.time() + float(args[1])
     while len(alive()) != want and time.time() < deadline:
+        time.sleep(1)
+    print(json.dumps(alive()))
+elif what == "rejoin":  # wait until node NAME is alive again under a new id, the old one gone
+    name, old, deadline = args[0], args[1], time.time() + float(args[2])
+    def done():
+        live = {n["NodeID"]: n["NodeName"] for n in alive()}
+        return old not in live and name in live.values()
+    while not done() and time.time() < deadline:
         time.sleep(1)
     print(json.dumps(alive()))
 elif what == "threads":  # tasks reserving N CPUs: spread over the cluster, or one on each node
@@ -234,12 +241,12 @@ def test_a_stopped_worker_leaves_and_rejoins_and_a_killed_one_is_restarted(clust
     assert {n["NodeName"] for n in driver(head, "wait", "2", "90")} == {HEAD, WORKERS[0]}
     assert ssh(w2, "systemctl start provisioner-ray.service").returncode == 0
     assert {n["NodeName"] for n in driver(head, "wait", "3", "120")} == set(NAMES)
-    # A crash: systemd restarts the node (Restart=always) and it joins again.
+    # A crash: systemd restarts the node (Restart=always) and it joins again as a new node.
+    old = next(n["NodeID"] for n in driver(head, "nodes") if n["NodeName"] == WORKERS[0])
     before = ssh(w1, "systemctl show -p NRestarts --value provisioner-ray.service").stdout.strip()
     assert ssh(w1, "kill -KILL $(systemctl show -p MainPID --value provisioner-ray.service)").returncode == 0
-    time.sleep(3)
-    nodes = driver(head, "wait", "3", "150")
-    assert {n["NodeName"] for n in nodes} == set(NAMES)
+    nodes = driver(head, "rejoin", WORKERS[0], old, "150")
+    assert {n["NodeName"] for n in nodes} == set(NAMES) and old not in {n["NodeID"] for n in nodes}, nodes
     after = ssh(w1, "systemctl show -p NRestarts --value provisioner-ray.service").stdout.strip()
     assert int(after) == int(before) + 1
 
