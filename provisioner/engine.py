@@ -456,7 +456,10 @@ def run_playbook(
     private = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
     ident = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}-{playbook.removesuffix('.yml')}"
     collector = _EventCollector(
-        on_progress, input_check_plays(book), keep_routine=rolling.get("fleet", len(hostvars)) <= KEEP_ALL_EVENTS_HOSTS
+        on_progress,
+        input_check_plays(book),
+        keep_routine=rolling.get("fleet", len(hostvars)) <= KEEP_ALL_EVENTS_HOSTS,
+        accept_new_host_keys=accept_new_host_keys,
     )
     cmdline = " ".join(["--check --diff" if check else "", *(["-" + "v" * verbosity] if verbosity else [])])
     started = time.monotonic()
@@ -544,9 +547,14 @@ class _EventCollector:
     """Folds ansible-runner events into per-host counters, facts, diffs and errors."""
 
     def __init__(
-        self, on_progress: ProgressCallback | None, input_plays: frozenset[int] = frozenset(), keep_routine: bool = True
+        self,
+        on_progress: ProgressCallback | None,
+        input_plays: frozenset[int] = frozenset(),
+        keep_routine: bool = True,
+        accept_new_host_keys: bool = False,
     ):
         self.on_progress = on_progress
+        self.accept_new_host_keys = accept_new_host_keys
         self.input_plays = input_plays
         self.keep_routine = keep_routine  # write every event to the artifacts, not only what tells something
         self.plays: dict[str, int] = {}  # play uuid -> position in the run
@@ -606,7 +614,7 @@ class _EventCollector:
                 host.errors.append(f"{task}: {_failure_message(res)}")
         elif kind == "runner_on_unreachable":
             host.unreachable += 1
-            host.errors.append(explain_unreachable(host_name, res.get("msg", "")))
+            host.errors.append(explain_unreachable(host_name, res.get("msg", ""), self.accept_new_host_keys))
         elif kind == "runner_on_skipped":
             host.skipped += 1
         elif kind == "runner_item_on_failed":
@@ -673,18 +681,26 @@ def _failure_message(res: dict[str, Any]) -> str:
     return msg.splitlines()[0] if msg else "failed"
 
 
-def explain_unreachable(host: str, msg: str) -> str:
+# Mitogen's words for both a changed and an unknown host key (it keeps ssh's own to itself).
+_MITOGEN_HOST_KEY = "reported an unrecognized or mismatching host key"
+
+
+def explain_unreachable(host: str, msg: str, accept_new_host_keys: bool = False) -> str:
     """One line that says why a host could not be reached and how to fix it."""
+    changed = (
+        f"{host}: its SSH host key changed since it was recorded in known_hosts; if the server "
+        f"was reinstalled, remove the old key (ssh-keygen -R ADDRESS) and run again"
+    )
+    unknown = "its SSH host key is not in known_hosts; add it (ssh-keyscan after checking the fingerprint) or pass --accept-new-host-keys to trust a first-seen key"
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in msg or ("Host key for" in msg and "has changed" in msg):
-        return (
-            f"{host}: its SSH host key changed since it was recorded in known_hosts; if the server "
-            f"was reinstalled, remove the old key (ssh-keygen -R ADDRESS) and run again"
-        )
+        return changed
+    if _MITOGEN_HOST_KEY in msg:
+        # With first-seen keys trusted, only a changed key is refused.
+        if accept_new_host_keys:
+            return changed
+        return f"{host}: {unknown}, or it changed since it was recorded there (then remove the old key: ssh-keygen -R ADDRESS)"
     if "Host key verification failed" in msg or "No ED25519 host key is known" in msg or "host key is known" in msg:
-        return (
-            f"{host}: its SSH host key is not in known_hosts; add it (ssh-keyscan after checking the "
-            f"fingerprint) or pass --accept-new-host-keys to trust a first-seen key"
-        )
+        return f"{host}: {unknown}"
     if "Permission denied" in msg or "Authentication failed" in msg:
         return (
             f"{host}: SSH login was refused; check ansible_user and ansible_ssh_private_key_file "

@@ -114,6 +114,14 @@ def test_unreachable_messages_name_the_fix(msg: str, expected: str):
     assert "\n" not in line
 
 
+def test_mitogens_host_key_refusal_is_a_changed_key_when_first_seen_keys_are_trusted():
+    msg = "Host key checking is enabled, and SSH reported an unrecognized or mismatching host key."
+    trusting = engine.explain_unreachable("web1", msg, accept_new_host_keys=True)
+    assert "host key changed" in trusting.replace("SSH host key changed", "host key changed") and "ssh-keygen -R" in trusting
+    strict = engine.explain_unreachable("web1", msg)
+    assert "not in known_hosts" in strict and "--accept-new-host-keys" in strict and "ssh-keygen -R" in strict
+
+
 def test_option_values_outside_their_choices_are_refused():
     with pytest.raises(BadInput, match=r"-e smoke_workloads: bogus is not one of gemm, triad"):
         options.parse_extra_vars(["smoke_workloads=[gemm,bogus]"])
