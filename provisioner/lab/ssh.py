@@ -92,6 +92,9 @@ def inventory(name: str, address: str, key: Path, known_hosts: Path, port: int =
         "ansible_ssh_common_args": ssh_opts,
     }
     if port != 22:
+        # Said explicitly: a host at 127.0.0.1 without a connection type counts as this machine
+        # (never rebooted), while a lab VM there is reached over ssh and may be rebooted.
+        host["ansible_connection"] = "ssh"
         host["ansible_port"] = port
         host["ansible_timeout"] = VM_SSH_TIMEOUT_S
     return {"all": {"children": {"lab": {"hosts": {name: host}}}}}

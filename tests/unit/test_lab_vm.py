@@ -246,6 +246,9 @@ def test_client_files_of_a_vm_name_its_forwarded_port(tmp_path: Path) -> None:
     assert (tmp_path / "known_hosts").read_text() == "[127.0.0.1]:40022 ssh-ed25519 AAAAC3Nza\n"
     host = yaml.safe_load((tmp_path / "inventory.yml").read_text())["all"]["children"]["lab"]["hosts"]["vm-unit"]
     assert (host["ansible_host"], host["ansible_port"]) == ("127.0.0.1", 40022)
+    from provisioner import reboot
+
+    assert not reboot.is_local("vm-unit", host)  # a VM may be rebooted, this machine never
     assert host["ansible_timeout"] >= 30  # an ssh login under emulation takes seconds
     config = (tmp_path / "ssh_config").read_text().splitlines()
     assert "  HostName 127.0.0.1" in config and "  Port 40022" in config
