@@ -280,13 +280,14 @@ def test_bad_input_is_refused_before_any_host_changes(cluster, layout, extra, na
     inventory = write_inventory(cluster["dir"] / f"bad-{len(extra)}-{layout.replace(' ', '-')}.yml", hosts, head, workers)
     rc, data, errors = cli_json("up", "-i", inventory, "--tags", "ray", "--no-verify", *extra, timeout=600)
     assert rc == ExitCode.BAD_INPUT, errors
-    assert len(errors) == 1 and named in errors[0], errors
+    # One line per refused host, each from ray's preflight; the host the problem is about names it.
+    assert any(named in e for e in errors) and all(": ray: " in e for e in errors), errors
     assert {h: d["changed"] for h, d in data["hosts"].items()} == dict.fromkeys(data["hosts"], 0), data["hosts"]
 
 
 def test_undo_stops_the_cluster_and_removes_the_units_and_rules(cluster):
     """Last: the cluster goes."""
-    rc, _data, errors = cli_json("undo", "-i", cluster["inventory"], "--tags", "ray")
+    rc, _data, errors = cli_json("undo", "-i", cluster["inventory"])
     assert rc == ExitCode.OK, errors
     for server in cluster["servers"].values():
         left = ssh(
@@ -302,5 +303,5 @@ def test_undo_stops_the_cluster_and_removes_the_units_and_rules(cluster):
             == 1
         )
     assert connects(cluster["servers"][HEAD].address, PORT) == "ConnectionRefusedError"
-    rc, _data, errors = cli_json("undo", "-i", cluster["inventory"], "--tags", "ray")
+    rc, _data, errors = cli_json("undo", "-i", cluster["inventory"])
     assert rc == ExitCode.OK, errors
