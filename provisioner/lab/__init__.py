@@ -40,10 +40,9 @@ from __future__ import annotations
 from .common import LabError, missing_requirement
 from .network import NAT_COMMENT
 from .rootfs import ensure_rootfs
-from .server import down, frozen, up
-from .server import up_vm as up_vm
+from .server import down, frozen, up, up_vm
 from .state import LabServer, list_servers
-from .vm import missing_vm_requirement as missing_vm_requirement
+from .vm import missing_vm_requirement
 
 __all__ = [
     "NAT_COMMENT",
@@ -54,5 +53,7 @@ __all__ = [
     "frozen",
     "list_servers",
     "missing_requirement",
+    "missing_vm_requirement",
     "up",
+    "up_vm",
 ]
