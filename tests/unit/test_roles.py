@@ -83,7 +83,7 @@ def test_shared_entry_points_are_its_task_files_and_documented():
 
 
 def test_every_role_that_changes_host_values_records_them():
-    assert RECORDING == ["allocator", "common", "cpu_tuning", "hugepages", "mlstack", "monitoring", "serving", "storage", "thread_env"]
+    assert RECORDING == ["allocator", "common", "cpu_tuning", "hugepages", "mlstack", "monitoring", "ray", "serving", "storage", "thread_env"]
     for role in ROLES:
         has_undo = (ROOT / "roles" / role / "tasks" / "undo.yml").exists()
         assert (role in RECORDING) == (has_undo and role != "smoke"), role
