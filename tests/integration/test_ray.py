@@ -256,7 +256,9 @@ def test_smoke_cluster_runs_the_study_on_every_node(cluster):
     assert rc == ExitCode.OK, errors
     assert list(data["hosts"]) == [HEAD], "the head drives the run, the workers measure nothing"
     check = next(c for c in data["hosts"][HEAD]["checks"] if c["id"] == "cluster.trials")
-    assert check["status"] == "pass", check
+    # Correctness decides here: a lost trial, an idle node or a trial on more threads than it
+    # reserved fails; a warning is the rate's (a busy host, or below the previous run).
+    assert check["status"] in ("pass", "warn") and "every trial ran, on every node" in check["reason"], check
     assert check["figure"] > 0 and check["limit"] > 0
     assert all(name in check["reason"] for name in NAMES), check["reason"]
 
