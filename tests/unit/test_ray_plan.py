@@ -3,10 +3,8 @@ fixture of tests/fixtures/facts, each value with its reason."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from facts_fixtures import FIXTURES, load
 
 from provisioner.plan import (
     GIB,
@@ -18,17 +16,12 @@ from provisioner.plan import (
     plan_ray,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 NAMES = sorted(p.stem for p in FIXTURES.glob("*.json"))
-
-
-def facts(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_ray_uses_the_physical_cores_and_a_share_of_the_ram(name):
-    f = facts(name)
+    f = load(name)
     plan = derive_plan(f)
     cores, total = f["cpu"]["cores"], f["memory"]["total_bytes"]
     assert plan.value("ray_num_cpus") == cores
@@ -42,7 +35,7 @@ def test_ray_uses_the_physical_cores_and_a_share_of_the_ram(name):
 
 
 def test_smt_siblings_are_not_ray_cpus():
-    f = facts("xeon_2s")
+    f = load("xeon_2s")
     assert f["cpu"]["threads"] > f["cpu"]["cores"], "the fixture has SMT"
     plan = derive_plan(f)
     assert plan.value("ray_num_cpus") == f["cpu"]["cores"]
@@ -50,7 +43,7 @@ def test_smt_siblings_are_not_ray_cpus():
 
 
 def test_hugepages_come_out_of_the_object_store_and_task_memory():
-    f = facts("epyc_4545p")
+    f = load("epyc_4545p")
     total = f["memory"]["total_bytes"]
     plain = derive_plan(f)
     pages = derive_plan(f, PlanOptions(hugepages_size="1G", hugepages_count=32))
@@ -61,7 +54,7 @@ def test_hugepages_come_out_of_the_object_store_and_task_memory():
 
 
 def test_the_share_is_an_option():
-    f = facts("laptop_4c")
+    f = load("laptop_4c")
     plan = derive_plan(f, PlanOptions.from_vars({"plan_ray_object_store_share": "0.1"}))
     assert plan.value("ray_object_store_bytes") == int(f["memory"]["total_bytes"] * 0.1)
 
@@ -79,7 +72,7 @@ def test_bad_shares_are_refused(variables, message):
 
 
 def test_too_little_memory_is_refused_naming_the_fix():
-    f = facts("vm_2vcpu")
+    f = load("vm_2vcpu")
     f["memory"]["total_bytes"] = 200 * 1024**2
     with pytest.raises(PlanError, match=r"below Ray's smallest object store.*raise plan_ray_object_store_share"):
         plan_ray(f, PlanOptions(), [], [])
