@@ -184,7 +184,9 @@ def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
         assert c["basis"] and c["status"] in ("pass", "warn", "fail"), c
     assert rep["hardware"]["fp64_flops_per_cycle"] in (4, 8, 16, 32) and rep["hardware"]["clock_ghz"] > 0
     assert "GHz" in checks["compute.dgemm_all"]["basis"]
-    assert checks["gbdt.xgboost"]["detail"].startswith("1,000,000 x 28, depth 8, 100 trees")
+    # Quick trains 125,000 rows per thread (250,000 to 1,000,000).
+    rows = max(250_000, min(1_000_000, 125_000 * threads))
+    assert checks["gbdt.xgboost"]["detail"].startswith(f"{rows:,} x 28, depth 8, 100 trees")
     assert "median of" in checks["compute.dgemm_all"]["detail"]
     # The default stack brings torch and Optuna; TensorFlow is opt-in: a skip naming its component.
     assert checks["torch.mlp"]["figure"] > 0, checks["torch.mlp"]
