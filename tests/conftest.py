@@ -16,9 +16,20 @@ def lab_requirements() -> None:
     """
     from provisioner import lab
 
-    reason = lab.missing_requirement()
+    _require("lab servers", lab.missing_requirement())
+
+
+@pytest.fixture(scope="session")
+def vm_requirements(lab_requirements: None) -> None:
+    """As lab_requirements, for lab VMs (qemu and the image tools on top)."""
+    from provisioner import lab
+
+    _require("lab VMs", lab.missing_vm_requirement())
+
+
+def _require(what: str, reason: str | None) -> None:
     if reason and os.environ.get("PROVISIONER_REQUIRE_LAB") == "1":
-        pytest.fail(f"lab servers are required here but unavailable: {reason}")
+        pytest.fail(f"{what} are required here but unavailable: {reason}")
     if reason:
         pytest.skip(reason)
 

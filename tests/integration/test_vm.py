@@ -82,17 +82,8 @@ def ssh(server: lab.LabServer, command: str, timeout: float = 300) -> str:
     return r.stdout
 
 
-def vm_requirements() -> None:
-    reason = lab.missing_requirement() or lab.missing_vm_requirement()
-    if reason and os.environ.get("PROVISIONER_REQUIRE_LAB") == "1":
-        pytest.fail(f"lab VMs are required here but unavailable: {reason}")
-    if reason:
-        pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
-def vm_server():
-    vm_requirements()
+def vm_server(vm_requirements):
     start = time.monotonic()
     ensure_image()
     TIMES["image (built or cached)"] = time.monotonic() - start
@@ -199,9 +190,8 @@ def test_the_verify_after_the_reboot_passes(rebooted_up):
     assert roles["storage"]["outcome"] == roles["hugepages"]["outcome"] == "passed", roles
 
 
-def test_a_vm_that_does_not_answer_in_time_is_stopped_and_removed():
+def test_a_vm_that_does_not_answer_in_time_is_stopped_and_removed(vm_requirements):
     """A boot timeout shorter than any boot: the VM is stopped, its dir gone, the console's tail in the error."""
-    vm_requirements()
     name = "vm-late"
     with pytest.raises(lab.LabError) as exc:
         lab.up_vm(name, boot_timeout=3)
