@@ -517,16 +517,22 @@ def plan_dataloader(facts: Mapping[str, Any], options: PlanOptions, warnings: li
     ]
 
 
+def _memory_and_hugepages(facts: Mapping[str, Any], settings: list[Setting], what: str) -> tuple[int, int]:
+    """The host's RAM and the bytes the plan's hugepages settings reserve of it; no memory size
+    in the facts is refused, naming WHAT could not be sized."""
+    total = _need(facts, "memory.total_bytes")
+    if not isinstance(total, int) or total <= 0:
+        raise PlanError(f"hardware facts report no memory size; cannot size {what}")
+    page_bytes = {"hugepages_2m": 2 * 1024**2, "hugepages_1g": GIB}
+    return total, sum(int(st.value or 0) * page_bytes[st.key] for st in settings if st.key in page_bytes)
+
+
 def plan_feature_matrix(
     facts: Mapping[str, Any], options: PlanOptions, settings: list[Setting], warnings: list[str]
 ) -> list[Setting]:
     """The largest float32 feature matrix this host holds in RAM without swapping.
     See docs/tuning.md, 'Memory' ('Feature matrix')."""
-    total = _need(facts, "memory.total_bytes")
-    if not isinstance(total, int) or total <= 0:
-        raise PlanError("hardware facts report no memory size; cannot size the feature matrix")
-    page_bytes = {"hugepages_2m": 2 * 1024**2, "hugepages_1g": GIB}
-    reserved = sum(int(st.value or 0) * page_bytes[st.key] for st in settings if st.key in page_bytes)
+    total, reserved = _memory_and_hugepages(facts, settings, "the feature matrix")
     after = total - reserved
     margin = max(FEATURE_MATRIX_MARGIN_MIN_BYTES, int(after * FEATURE_MATRIX_MARGIN_SHARE))
     budget = after - margin
@@ -1034,11 +1040,7 @@ def plan_serving(facts: Mapping[str, Any], options: PlanOptions, settings: list[
     reasons.append(threads_reason)
     reasons.append(slice_reason)
 
-    total = _need(facts, "memory.total_bytes")
-    if not isinstance(total, int) or total <= 0:
-        raise PlanError("hardware facts report no memory size; cannot size the serving budget")
-    page_bytes = {"hugepages_2m": 2 * 1024**2, "hugepages_1g": GIB}
-    reserved = sum(int(st.value or 0) * page_bytes[st.key] for st in settings if st.key in page_bytes)
+    total, reserved = _memory_and_hugepages(facts, settings, "the serving budget")
     budget = int((total - reserved) * options.serving_memory_share)
     per_worker = budget // workers
     cache = per_worker - SERVING_WORKER_OVERHEAD_BYTES
@@ -1084,11 +1086,7 @@ def plan_ray(facts: Mapping[str, Any], options: PlanOptions, settings: list[Sett
     system and Ray's own processes keep, is the memory tasks may reserve."""
     cores = _need(facts, "cpu.cores")
     threads = _get(facts, "cpu.threads", cores)
-    total = _need(facts, "memory.total_bytes")
-    if not isinstance(total, int) or total <= 0:
-        raise PlanError("hardware facts report no memory size; cannot size the Ray object store")
-    page_bytes = {"hugepages_2m": 2 * 1024**2, "hugepages_1g": GIB}
-    reserved = sum(int(st.value or 0) * page_bytes[st.key] for st in settings if st.key in page_bytes)
+    total, reserved = _memory_and_hugepages(facts, settings, "the Ray object store")
     after = total - reserved
     store = int(after * options.ray_object_store_share)
     after_text = f"{_gib(total)} RAM" + (f" - {_gib(reserved)} hugepages" if reserved else "")
