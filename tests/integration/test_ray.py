@@ -150,9 +150,12 @@ def cluster(lab_requirements, tmp_path_factory):
             hosts.update(yaml.safe_load(server.inventory.read_text())["all"]["children"]["lab"]["hosts"])
         where = tmp_path_factory.mktemp("ray")
         inventory = write_inventory(where / "hosts.yml", hosts, [HEAD], list(WORKERS))
+        check = cli_json("up", "-i", inventory, "--check", *selection(wheelhouse))
+        unit_after_check = [ssh(s, "test -e /etc/systemd/system/provisioner-ray.service").returncode for s in servers.values()]
         first = cli_json("up", "-i", inventory, *selection(wheelhouse))
         second = cli_json("up", "-i", inventory, *selection(wheelhouse))
         yield {
+            "check": (*check, unit_after_check),
             "servers": servers,
             "hosts": hosts,
             "inventory": inventory,
@@ -164,6 +167,13 @@ def cluster(lab_requirements, tmp_path_factory):
     finally:
         for name in NAMES:
             lab.down(name)
+
+
+def test_a_check_run_on_fresh_servers_shows_changes_and_makes_none(cluster):
+    rc, data, errors, unit_after_check = cluster["check"]
+    assert rc == ExitCode.OK, errors
+    assert data["check"] is True and all(data["hosts"][n]["changed"] > 0 for n in NAMES), data["hosts"]
+    assert unit_after_check == [1] * len(NAMES), "check mode wrote the Ray unit"
 
 
 def test_one_run_starts_the_cluster_and_a_second_changes_nothing(cluster):
