@@ -48,6 +48,9 @@ IMAGE_INCLUDE: tuple[str, ...] = (
     "e2fsprogs",
     "mdadm",
     "xfsprogs",
+    # What role cpu_tuning installs: in the image, so a VM run never apt-installs under emulation.
+    "tuned",
+    "linux-cpupower",
 )
 ROOT_SIZE = 6 << 30
 PART_START_SECTOR = 2048  # 1 MiB: room for grub's core image after the MBR
