@@ -190,6 +190,12 @@ def undo(
     inventory: Inventory = None,
     limit: Limit = None,
     check: Annotated[bool, typer.Option("--check", help="Show what would be restored; change nothing.")] = False,
+    reboot: Annotated[
+        bool,
+        typer.Option(
+            "--reboot", help="Reboot hosts whose restore needs it (the kernel command line), once each (never this machine)."
+        ),
+    ] = False,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
 ) -> None:
@@ -201,7 +207,12 @@ def undo(
         "undo",
         json,
         lambda on_progress: commands.undo(
-            inventory, limit=limit, check=check, accept_new_host_keys=accept_new_host_keys, on_progress=on_progress
+            inventory,
+            limit=limit,
+            check=check,
+            reboot=reboot,
+            accept_new_host_keys=accept_new_host_keys,
+            on_progress=on_progress,
         ),
         render.undo,
         progress=True,
@@ -387,6 +398,33 @@ def _lab_up(name: str, devices: list[str], vm: bool, drives: int, drive_size: st
 def lab_down(name: Annotated[str, typer.Argument(help="Server name.")], json: Json = False) -> None:
     """Stop a lab server and discard it with every change made inside it."""
     _finish("lab down", json, lambda _: commands.lab_down(name), render.lab_down)
+
+
+@lab_app.command("drive")
+def lab_drive(
+    name: Annotated[str, typer.Argument(help="Lab VM name.")],
+    index: Annotated[int, typer.Argument(help="The drive's number (0 for serial DATA0).")],
+    remove: Annotated[bool, typer.Option("--remove", help="Pull the drive out of the running VM.")] = False,
+    put_back: Annotated[bool, typer.Option("--return", help="Put the drive back: the same image and serial.")] = False,
+    json: Json = False,
+) -> None:
+    """Take a lab VM's NVMe drive out while it runs, as a failed or pulled drive, or put it back."""
+    _finish("lab drive", json, lambda _: _lab_drive(name, index, remove, put_back), _lab_drive_shown)
+
+
+def _lab_drive(name: str, index: int, remove: bool, put_back: bool) -> Result[dict[str, Any]]:
+    if remove == put_back:
+        raise BadInput("lab drive: give exactly one of --remove and --return")
+    from .lab import vm as lab_vm
+
+    changed = lab_vm.set_drive(name, index, present=put_back)
+    return Result("lab drive", {"name": name, "drive": index, "present": put_back, "changed": changed})
+
+
+def _lab_drive_shown(data: dict[str, Any]) -> None:
+    where = "in" if data["present"] else "out"
+    was = "" if data["changed"] else f" (it was {where} already)"
+    render.console.print(f"lab VM {data['name']}: drive {data['drive']} is {where}{was}")
 
 
 @lab_app.command("list")

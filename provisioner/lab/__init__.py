@@ -26,13 +26,14 @@ Modules:
     network    veth addresses, ip_forward and the NAT rule (saved and restored)
     state      LabServer, NAME/state.json, the listing
     server     up, up_vm, down and the lab lock, composed from the above
-    vm         qemu: the command line, drives and their refusals, accelerator, boot, stop
+    vm         qemu: the command line, drives and their refusals, accelerator, boot, stop, and
+               drives taken out of a running VM and put back (QMP)
     image      the cached VM disk image: mmdebstrap, the disk, grub installed by one boot
 
 VM layout:
     lab_dir()/images/bookworm-vm-KEY.qcow2   the read-only disk image (KEY hashes the recipe)
     lab_dir()/NAME/                          disk.qcow2 (overlay) nvmeI.qcow2 seed/ console.log
-                                             qemu.log state.json known_hosts inventory.yml ssh_config
+                                             qemu.log qmp.sock state.json known_hosts inventory.yml ssh_config
 """
 
 from __future__ import annotations

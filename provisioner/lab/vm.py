@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from provisioner import paths
 from provisioner.errors import ExitCode
@@ -205,14 +207,17 @@ def qemu_cmd(
     cmd = [QEMU, "-name", name, "-nodefaults", "-no-user-config", *accel_args(accel)]
     cmd += ["-smp", str(CPUS), "-m", str(MEMORY_MB)]
     cmd += ["-display", "none", "-monitor", "none", "-serial", f"file:{console}"]
+    if kernel is None:
+        # A server's control socket (QMP) beside its console: drives go out and come back through it.
+        cmd += ["-qmp", f"unix:{qmp_socket(console.parent)},server=on,wait=off"]
     cmd += ["-drive", f"file={disk},if=virtio,format=qcow2,cache=unsafe,discard=unmap"]
     # User-mode networking: the guest reaches out through this machine; the only way in is
     # the forward of 127.0.0.1:PORT to its sshd.
     cmd += ["-netdev", f"user,id=net0,hostfwd=tcp:127.0.0.1:{port}-:22"]
     cmd += ["-device", "virtio-net-pci,netdev=net0", "-device", "virtio-rng-pci"]
     for i, drive in enumerate(drives):
-        cmd += ["-drive", f"file={drive.image},if=none,id=nvme{i},format=qcow2,cache=unsafe,discard=unmap"]
-        cmd += ["-device", f"nvme,serial={drive.serial},drive=nvme{i}"]
+        cmd += ["-drive", f"file={drive.image},if=none,id={_node(i)},format=qcow2,cache=unsafe,discard=unmap"]
+        cmd += ["-device", f"nvme,serial={drive.serial},drive={_node(i)},id={_device(i)}"]
     for key, path in sorted(fw_cfg.items()):
         cmd += ["-fw_cfg", f"name={FW_CFG_PREFIX}{key},file={path}"]
     if kernel is not None:
@@ -371,3 +376,188 @@ def stop(pid: int, name: str) -> None:
             return
         time.sleep(0.1)
     raise LabError(f"qemu PID {pid} of lab VM {name} survived SIGKILL: kill it by hand")
+
+
+# --------------------------------------------------------------------------- drives out and back
+
+QMP_SOCKET = "qmp.sock"
+# Unplugging waits for the guest to let go of the device (ACPI hotplug), slow under emulation.
+UNPLUG_TIMEOUT_S = 120.0
+QMP_TIMEOUT_S = 30.0
+
+
+def qmp_socket(root: Path) -> Path:
+    return root / QMP_SOCKET
+
+
+def _node(index: int) -> str:
+    """The block node of drive INDEX (its image), which stays while the drive is out."""
+    return f"nvme{index}"
+
+
+def _device(index: int) -> str:
+    """The NVMe controller of drive INDEX as qemu names it (what goes out and comes back)."""
+    return f"nvmedev{index}"
+
+
+class Qmp:
+    """A QMP connection to one lab VM's qemu: commands, and the events that arrive meanwhile."""
+
+    def __init__(self, path: Path, timeout: float = QMP_TIMEOUT_S) -> None:
+        self.path = path
+        self.events: list[dict[str, Any]] = []
+        self._buffer = b""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(str(path))
+        except OSError as exc:
+            self._sock.close()
+            raise LabError(
+                f"cannot reach the control socket {path} of the lab VM ({exc}): is it running? "
+                "(a VM booted before drives could go out has none: take it down and up again)"
+            ) from exc
+        self._read()  # the greeting
+        self.command("qmp_capabilities")
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Qmp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self) -> dict[str, Any]:
+        while b"\n" not in self._buffer:
+            try:
+                chunk = self._sock.recv(65536)
+            except OSError as exc:
+                raise LabError(f"the lab VM's control socket {self.path} did not answer ({exc})") from exc
+            if not chunk:
+                raise LabError(f"the lab VM's control socket {self.path} closed (did qemu stop?)")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    def command(self, name: str, **arguments: Any) -> Any:
+        """The return value of command NAME; LabError with qemu's own words on an error."""
+        request: dict[str, Any] = {"execute": name}
+        if arguments:
+            request["arguments"] = arguments
+        self._sock.sendall(json.dumps(request).encode() + b"\n")
+        while True:
+            message = self._read()
+            if "event" in message:
+                self.events.append(message)
+                continue
+            if "error" in message:
+                raise LabError(f"qemu refused {name}: {message['error'].get('desc', message['error'])}")
+            return message.get("return")
+
+    def wait_event(self, event: str, timeout: float, **data: Any) -> bool:
+        """Whether event EVENT (with DATA among its data) came, waiting at most TIMEOUT seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, message in enumerate(self.events):
+                if message.get("event") == event and all(message.get("data", {}).get(k) == v for k, v in data.items()):
+                    del self.events[: i + 1]
+                    return True
+            self.events.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._sock.settimeout(left)
+            try:
+                message = self._read()
+            except LabError:
+                if time.monotonic() >= deadline:
+                    return False
+                raise
+            finally:
+                self._sock.settimeout(QMP_TIMEOUT_S)
+            if "event" in message:
+                self.events.append(message)
+
+
+def _plugged(qmp: Qmp) -> set[str]:
+    """The ids of the user-created devices qemu has now (QOM /machine/peripheral)."""
+    return {str(entry["name"]) for entry in qmp.command("qom-list", path="/machine/peripheral") or []}
+
+
+def _nodes(qmp: Qmp) -> set[str]:
+    return {str(n.get("node-name")) for n in qmp.command("query-named-block-nodes") or []} | {
+        str(b.get("device")) for b in qmp.command("query-block") or [] if b.get("device")
+    }
+
+
+def drive_present(root: Path, index: int) -> bool:
+    """Whether drive INDEX of the lab VM in ROOT is plugged in now."""
+    with Qmp(qmp_socket(root)) as qmp:
+        return _device(index) in _plugged(qmp)
+
+
+def remove_drive(root: Path, index: int, timeout: float = UNPLUG_TIMEOUT_S) -> bool:
+    """Pull drive INDEX out of the running lab VM in ROOT, as a drive that fails or is taken out.
+
+    Its image stays as it is (qemu keeps it open) for return_drive. False if it was out already;
+    LabError if the guest did not let go of it within TIMEOUT seconds.
+    """
+    with Qmp(qmp_socket(root)) as qmp:
+        if _device(index) not in _plugged(qmp):
+            return False
+        qmp.command("device_del", id=_device(index))
+        if not qmp.wait_event("DEVICE_DELETED", timeout, device=_device(index)):
+            raise LabError(
+                f"the lab VM did not let go of drive {index} within {timeout:.0f} s (qemu asked it to eject the "
+                "NVMe controller): retry, or take the VM down"
+            )
+        return True
+
+
+def return_drive(root: Path, drive: Drive, index: int) -> bool:
+    """Put drive INDEX back into the running lab VM in ROOT: the same image and serial, so the
+    guest sees the same /dev/disk/by-id name (its kernel name may differ). False if it was in."""
+    with Qmp(qmp_socket(root)) as qmp:
+        if _device(index) in _plugged(qmp):
+            return False
+        if _node(index) not in _nodes(qmp):
+            # A drive given with -drive went away with its controller: open the image again.
+            qmp.command(
+                "blockdev-add",
+                **{
+                    "node-name": _node(index),
+                    "driver": "qcow2",
+                    "discard": "unmap",
+                    "cache": {"direct": False, "no-flush": True},
+                    "file": {"driver": "file", "filename": str(drive.image)},
+                },
+            )
+        qmp.command("device_add", driver="nvme", serial=drive.serial, drive=_node(index), id=_device(index))
+        return True
+
+
+def set_drive(name: str, index: int, present: bool) -> bool:
+    """Take drive INDEX of running lab VM NAME out (PRESENT false) or put it back (true).
+
+    True if that changed anything. Refused (LabError) for a server that is not a running VM or
+    a drive it never had.
+    """
+    from .state import read_state, server_from_state, validate_name
+
+    validate_name(name)
+    server = server_from_state(read_state(name))
+    if server is None or server.kind != "vm" or not server.alive:
+        raise LabError(f"lab VM {name} is not running: start it with lab up {name} --vm --drives N", ExitCode.BAD_INPUT)
+    if not 0 <= index < len(server.drives):
+        raise LabError(
+            f"lab VM {name} has {len(server.drives)} drive(s), numbered 0 to {len(server.drives) - 1}; there is no drive {index}",
+            ExitCode.BAD_INPUT,
+        )
+    serial = server.drives[index].removeprefix(BY_ID_PREFIX)
+    drive = Drive(server.root / f"nvme{index}.qcow2", serial, 0)
+    if present:
+        return return_drive(server.root, drive, index)
+    return remove_drive(server.root, index)

@@ -155,8 +155,8 @@ def test_each_drive_is_an_nvme_controller_with_its_serial(tmp_path: Path) -> Non
         f"file={tmp_path / f'nvme{i}.qcow2'},if=none,id=nvme{i},format=qcow2,cache=unsafe,discard=unmap" for i in (0, 1)
     ]
     assert [d for d in _after(cmd, "-device") if d.startswith("nvme")] == [
-        "nvme,serial=DATA0,drive=nvme0",
-        "nvme,serial=DATA1,drive=nvme1",
+        "nvme,serial=DATA0,drive=nvme0,id=nvmedev0",
+        "nvme,serial=DATA1,drive=nvme1,id=nvmedev1",
     ]
     assert not any(d.startswith("nvme") for d in _after(_cmd(tmp_path, drives=0), "-device"))
 
