@@ -134,11 +134,9 @@ def up(
     outcome = UpOutcome(run, decide(run.facts, run.hostvars, allow_reboot=reboot and not check))
     errors = list(run.errors)
     published: tuple[str, ...] = ()
-    if outcome.decision.reboot and run.exit_code == ExitCode.OK:
-        outcome.rebooted = engine.run_playbook(
-            "reboot.yml", inv, limit=",".join(outcome.decision.reboot), accept_new_host_keys=accept_new_host_keys
-        )
-        errors += outcome.rebooted.errors
+    if run.exit_code == ExitCode.OK:
+        outcome.rebooted = reboot_hosts(outcome.decision, inv, accept_new_host_keys=accept_new_host_keys)
+        errors += outcome.rebooted.errors if outcome.rebooted else []
     if verify_after and not check and outcome.exit_code == ExitCode.OK:
         outcome.verified = run_checks(inv, limit=limit, roles=roles_for_tags(tags, skip_tags), extravars=extravars)
     if smoke_after and not check and not tags and not skip_tags and outcome.exit_code == ExitCode.OK:
@@ -153,9 +151,19 @@ def up(
     return Result("up", outcome, outcome.exit_code, messages, tuple(errors))
 
 
-def reboot_messages(decision: RebootDecision, allowed: bool) -> tuple[str, ...]:
+def reboot_hosts(decision: RebootDecision, inventory: Path, *, accept_new_host_keys: bool = False) -> RunResult | None:
+    """Reboot the hosts the decision names, once each, and wait for them (reboot.yml); None when there are none."""
+    if not decision.reboot:
+        return None
+    return engine.run_playbook(
+        "reboot.yml", inventory, limit=",".join(decision.reboot), accept_new_host_keys=accept_new_host_keys
+    )
+
+
+def reboot_messages(decision: RebootDecision, allowed: bool, again: str = "run again with --reboot") -> tuple[str, ...]:
+    """A line per host rebooted and per reboot left pending (with how to do it: AGAIN when not allowed)."""
     done = [f"rebooted {host}: " + "; ".join(reasons) for host, reasons in decision.reboot.items()]
-    how = "reboot it yourself (this machine is never rebooted)" if allowed else "run again with --reboot"
+    how = "reboot it yourself (this machine is never rebooted)" if allowed else again
     pending = [f"reboot pending on {host}: " + "; ".join(reasons) + f"; {how}" for host, reasons in decision.pending.items()]
     return (*done, *pending)
 
@@ -163,11 +171,49 @@ def reboot_messages(decision: RebootDecision, allowed: bool) -> tuple[str, ...]:
 # ---------------------------------------------------------------- undo
 
 
-def undo(inventory: Path | None, **run_options: Any) -> Result[RunResult]:
-    """Restore what the tuning changed, from the originals each host recorded (undo.yml);
-    `run_options` are engine.run_playbook's (limit, check, accept_new_host_keys, on_progress)."""
-    run = engine.run_playbook("undo.yml", engine.resolve_inventory(inventory), **run_options)
-    return Result("undo", run, run.exit_code, errors=tuple(run.errors))
+@dataclass
+class UndoOutcome:
+    """The steps of `provisioner undo`: the restore, then the reboot of the hosts whose restore needs one."""
+
+    run: RunResult  # undo.yml
+    decision: RebootDecision
+    rebooted: RunResult | None = None
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return first_failure(s.exit_code if s is not None else None for s in (self.run, self.rebooted))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.run.to_dict()
+        out["reboot"] = self.decision.to_dict()
+        out["rebooted"] = self.rebooted.to_dict() if self.rebooted else None
+        out["exit_code"] = int(self.exit_code)
+        return out
+
+
+def undo(
+    inventory: Path | None,
+    *,
+    reboot: bool = False,
+    check: bool = False,
+    accept_new_host_keys: bool = False,
+    **run_options: Any,
+) -> Result[UndoOutcome]:
+    """Restore what the tuning changed, from the originals each host recorded (undo.yml); then,
+    when allowed and the restore succeeded, reboot the hosts whose restore needs it (1 GiB pages
+    taken off the kernel command line stay reserved until then), once each, never this machine.
+    `run_options` are engine.run_playbook's (limit, on_progress)."""
+    inv = engine.resolve_inventory(inventory)
+    run = engine.run_playbook("undo.yml", inv, check=check, accept_new_host_keys=accept_new_host_keys, **run_options)
+    outcome = UndoOutcome(run, decide(run.facts, run.hostvars, allow_reboot=reboot and not check))
+    errors = list(run.errors)
+    if run.exit_code == ExitCode.OK:
+        outcome.rebooted = reboot_hosts(outcome.decision, inv, accept_new_host_keys=accept_new_host_keys)
+        errors += outcome.rebooted.errors if outcome.rebooted else []
+    messages = reboot_messages(
+        outcome.decision, allowed=reboot and not check, again="run provisioner undo --reboot (or reboot it)"
+    )
+    return Result("undo", outcome, outcome.exit_code, messages, tuple(errors))
 
 
 # ---------------------------------------------------------------- verify

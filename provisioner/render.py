@@ -16,7 +16,7 @@ from rich.text import Text
 from .runs import NOT_REACHED, Diff, HostResult, RunResult, failures_first
 
 if TYPE_CHECKING:
-    from .commands import FactsOutcome, StatusRun, UpOutcome
+    from .commands import FactsOutcome, StatusRun, UndoOutcome, UpOutcome
     from .verify import VerifyResult
 
 # Width of the output when it goes to a pipe, a file or a CI log: wide enough that a table
@@ -330,9 +330,12 @@ def up(outcome: UpOutcome, verbose: bool = False) -> None:
         smoke_run(outcome.smoked)
 
 
-def undo(result: RunResult) -> None:
-    changes(result)
-    run_summary(result)
+def undo(outcome: UndoOutcome) -> None:
+    """The restore's changes and summary, then the reboot's summary when hosts were rebooted."""
+    changes(outcome.run)
+    run_summary(outcome.run)
+    if outcome.rebooted is not None:
+        run_summary(outcome.rebooted)
 
 
 _SETTING_STYLE = {"ok": "green", "drifted": "red", "not applicable": "dim"}
