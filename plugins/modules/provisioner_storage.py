@@ -471,6 +471,14 @@ def resolve(spec, root="/", allow_unstable=False, disks=None, links=None):
     )
 
 
+# The reasons resolve() gives for an id whose drive is not on the host at all (pulled, failed).
+ABSENT_REASONS = ("does not exist on this host", "matches no block device on this host")
+
+
+def is_absent(reason):
+    return any(text in (reason or "") for text in ABSENT_REASONS)
+
+
 def _one(spec, hits):
     if not hits:
         return None, "%s matches no block device on this host" % spec
@@ -585,8 +593,23 @@ def md_arrays(root="/"):
             "state": read_line(root, base + "/array_state"),
             "slaves": sorted(os.path.basename(p) for p in glob.glob(path_in(root, "/sys/block/%s/slaves/*" % name))),
             "majmin": read_line(root, "/sys/block/%s/dev" % name),
+            "degraded": to_int(read_line(root, base + "/degraded"), 0) or 0,
+            "sync_action": read_line(root, base + "/sync_action"),
         }
     return arrays
+
+
+def named_array(root, name, arrays):
+    """The running array that /dev/md/NAME points to (its kernel name, e.g. md127), or None."""
+    link = path_in(root, "/dev/md/%s" % name)
+    if not os.path.lexists(link):
+        return None
+    try:
+        target = os.path.realpath(link) if root == "/" else os.path.join(os.path.dirname(link), os.readlink(link))
+    except OSError:
+        return None
+    kname = os.path.basename(os.path.normpath(target))
+    return kname if kname in arrays else None
 
 
 def md_driver(root="/"):
@@ -759,7 +782,81 @@ def match_md(members, spec, arrays):
     return True, info
 
 
-def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded", "")):
+def degraded_context(spec, device_count, arrays, named):
+    """The role's own array (/dev/md/NAME, running as NAMED) when it is the requested redundant level
+    over as many drives as storage_devices names and runs on fewer: a drive was lost. Else None."""
+    array = arrays.get(named) if named else None
+    if not array or spec["backend"] != "mdadm" or spec["level"] not in ("raid1", "raid10"):
+        return None
+    if array.get("level") != spec["level"] or array.get("raid_disks") != device_count:
+        return None
+    if len(array.get("slaves") or []) >= device_count:
+        return None  # every slot has a drive (one may be rebuilding): nothing is lost
+    return array
+
+
+def match_degraded(spec, members, missing, arrays, named):
+    """A degraded run of the role's own array: which listed drives are its running members, which come
+    back (their md superblock names the array's UUID), which are blank replacements, which hold other
+    data. None when the array is not the role's degraded array over these drives (the normal decision
+    applies); else {"info", "returning", "replacements", "refusals", "missing"}."""
+    array = degraded_context(spec, len(members) + len(missing), arrays, named)
+    if array is None:
+        return None
+    slaves = set(array.get("slaves") or [])
+    running = [m for m in members if m["kname"] in slaves]
+    if not running or slaves - {m["kname"] for m in members}:
+        return None  # the array runs on drives that are not listed: not this request's array
+    uuids = sorted({m["md"]["uuid"] for m in running if m.get("md")})
+    if len(uuids) != 1:
+        return None
+    md_uuid = uuids[0]
+    device = "/dev/md/%s" % spec["md_name"]
+    returning, replacements, refusals = [], [], []
+    for m in members:
+        if m["kname"] in slaves:
+            continue
+        who = _who(m)
+        points = m.get("mountpoints") or []
+        if points or m.get("holders"):
+            refusals.append(
+                "storage: refusing %s as a member of the degraded array %s: %s — %s" % (
+                    who, device, ("mounted at %s" % ", ".join(points)) if points else "in use by %s" % ", ".join(m["holders"]),
+                    "unmount it first" if points else "stop that first (e.g. mdadm --stop /dev/%s)" % m["holders"][0]))
+        elif m.get("md") and m["md"]["uuid"] == md_uuid and not m.get("partitions"):
+            returning.append(m)
+        elif not has_contents(m) or m.get("wipe_allowed"):
+            replacements.append(m)
+        else:
+            refusals.append(
+                "storage: refusing %s as a replacement in the degraded array %s (%s): it holds %s, and only a "
+                "returning member of that array or a blank drive is added — %s, or list another drive" % (
+                    who, device, md_uuid, describe_contents(m), WIPE_HINT))
+    first = running[0]["md"]
+    info = {
+        "kind": "md",
+        "uuid": md_uuid,
+        "name": first.get("name"),
+        "chunk_kb": first.get("chunk_kb"),
+        "running": named,
+        "data_offset": first.get("data_offset"),
+        "first_member": None,
+        "filesystem": array.get("filesystem"),
+    }
+    return {
+        "info": info,
+        "device": device,
+        "kname": named,
+        "raid_disks": array.get("raid_disks"),
+        "active": len(slaves),
+        "returning": returning,
+        "replacements": replacements,
+        "refusals": refusals,
+        "missing": list(missing),
+    }
+
+
+def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded", ""), missing=(), named=None):
     """The whole decision from inspected members. Pure; returns the ``storage`` result."""
     arrays = arrays or {}
     mountpoint_state = mountpoint_state or {}
@@ -787,13 +884,14 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     }
 
     need = MIN_DRIVES[level]
-    if len(members) < need:
-        refusals.append("storage: %s needs at least %d device(s), storage_devices names %d" % (level, need, len(members)))
-    if backend == "mdadm" and level == "single" and len(members) != 1:
+    named_count = len(members) + len(missing)  # a drive not on the host (lost) is still named
+    if named_count < need:
+        refusals.append("storage: %s needs at least %d device(s), storage_devices names %d" % (level, need, named_count))
+    if backend == "mdadm" and level == "single" and named_count != 1:
         refusals.append("storage: level single with the mdadm backend puts XFS on one drive; storage_devices names %d"
-                        % len(members))
-    if level == "raid10" and uses_md and len(members) % 2:
-        refusals.append("storage: raid10 needs an even number of drives, storage_devices names %d" % len(members))
+                        % named_count)
+    if level == "raid10" and uses_md and named_count % 2:
+        refusals.append("storage: raid10 needs an even number of drives, storage_devices names %d" % named_count)
 
     # Drives in any use are refused outright; wiping does not cover them.
     for m in members:
@@ -806,7 +904,27 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             refusals.append("storage: refusing %s: size 0 (no medium?)" % who)
 
     adopt_fs = adopt_md = None
-    if backend == "btrfs":
+    repair = match_degraded(spec, members, missing, arrays, named) if uses_md else None
+    if repair is not None:
+        adopt_md = repair["info"]
+        refusals.extend(repair["refusals"])
+        result["wipe"] = [m for m in repair["replacements"] if has_contents(m)]
+        result["degraded"] = {
+            "device": repair["device"],
+            "kname": repair["kname"],
+            "raid_disks": repair["raid_disks"],
+            "active": repair["active"],
+            "missing": repair["missing"],
+            "returning": [m["id"] for m in repair["returning"]],
+            "replacements": [m["id"] for m in repair["replacements"]],
+        }
+        if repair["missing"] and not (repair["returning"] or repair["replacements"]):
+            warnings.append(
+                "storage: the data array %s (%s) runs degraded on %d of %d drives, %s not on this host — put the "
+                "drive back, or list a blank drive in its place in storage_devices, then run up again" % (
+                    repair["device"], level, repair["active"], repair["raid_disks"],
+                    ", ".join(repair["missing"])))
+    elif backend == "btrfs":
         ok, what = match_btrfs(members, spec)
         if ok:
             adopt_fs = what
@@ -943,6 +1061,17 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                 commands.append({"argv": _mkfs_xfs(name, fs_uuid, chunk, sw, level, force, md_device),
                                  "why": "create XFS on the existing array (it holds no filesystem)"})
             md_device = md_device_now if adopt_md["running"] else md_device
+            if repair is not None and result["action"] == "adopt":
+                for m in repair["returning"]:
+                    # --re-add resumes a recent member where it left off; otherwise --add rebuilds it.
+                    commands.append({"argv": ["mdadm", md_device, "--re-add", m["cmd_path"]],
+                                     "fallback": ["mdadm", md_device, "--add", m["cmd_path"]],
+                                     "why": "re-add %s, a member of the degraded array %s" % (m["id"], md_uuid)})
+                for m in repair["replacements"]:
+                    commands.append({"argv": ["mdadm", md_device, "--add", m["cmd_path"]],
+                                     "why": "add %s in place of a lost member of the array %s" % (m["id"], md_uuid)})
+                if commands:
+                    result["action"] = "repair"
         else:
             result["action"] = "create"
             md_uuid = md_uuid_text(uuid.UUID(planned_uuid("md", members, spec)).bytes)
@@ -1054,7 +1183,7 @@ def foreign_fstab_entries(entries, result, root="/"):
     """fstab lines for the mount point that name another filesystem than the one the role mounts."""
     if result.get("action") == "refuse" or not result.get("mount"):
         return []
-    ours = {result["mount"]["src"]}
+    ours = {result["mount"]["src"]} | {"UUID=%s" % u for u in result.get("replaced_filesystems") or []}
     existing = result.get("existing") or {}
     if existing.get("label"):
         ours.add("LABEL=%s" % existing["label"])
@@ -1074,6 +1203,24 @@ def foreign_fstab_entries(entries, result, root="/"):
             continue
         foreign.append(entry["line"])
     return foreign
+
+
+def replaced_filesystems(wiped):
+    """UUIDs of the XFS filesystems on drives about to be wiped: on the drive itself, or inside the md
+    array it was a member of (at the member's data offset)."""
+    found = set()
+    for m in wiped:
+        if m.get("xfs"):
+            found.add(m["xfs"]["uuid"])
+        md = m.get("md")
+        if md and md.get("data_offset"):
+            try:
+                xfs = parse_xfs_super(read_at(m["path"], md["data_offset"], 4096))
+            except OSError:
+                xfs = None
+            if xfs:
+                found.add(xfs["uuid"])
+    return sorted(found)
 
 
 MDADM_MARKER = "provisioner storage: the data array"
@@ -1122,11 +1269,13 @@ def gather(params, root="/", probe=True):
     except (OSError, IOError):
         swaps = []
 
-    problems, members, seen = [], [], {}
+    problems, members, seen, absent = [], [], {}, []
     for spec_id in params.get("devices") or []:
         kname, error = resolve(spec_id, root, allow_unstable, disks, links)
         if error:
             problems.append("storage: " + error)
+            if is_absent(error):
+                absent.append(str(spec_id))
             continue
         if kname in seen:
             problems.append("storage: %s and %s are the same device (%s)" % (seen[kname], spec_id, kname))
@@ -1195,9 +1344,22 @@ def gather(params, root="/", probe=True):
                 m["mountpoints"] += [x["mountpoint"] for x in mounts if x["majmin"] == array["majmin"]]
 
     state = _mountpoint_state(spec["mountpoint"], mounts, root)
+    # The role's own array running degraded: drives not on the host are its lost members (the
+    # decision says so as a warning), not a refusal.
+    named = named_array(root, spec["md_name"], arrays) if spec["backend"] == "mdadm" else None
+    missing = []
+    if named and len(problems) == len(absent) and degraded_context(spec, len(params.get("devices") or []), arrays, named):
+        missing, problems = absent, []
+        if probe:
+            try:
+                xfs = parse_xfs_super(read_at("/dev/" + named, 0, 4096))
+            except OSError:
+                xfs = None
+            arrays[named]["filesystem"] = {"kind": "xfs", "uuid": xfs["uuid"]} if xfs else None
     if problems:
         result = decide(spec, [], arrays, state, md_driver(root))
         result["refusals"] = problems
+        result["missing"] = []
         result["members"] = members
         result["warnings"] += warnings
         return result
@@ -1227,8 +1389,13 @@ def gather(params, root="/", probe=True):
             for m in members:
                 if m.get("md"):
                     m["md"]["filesystem"] = fs
-    result = decide(spec, members, arrays, state, md_driver(root))
+    result = decide(spec, members, arrays, state, md_driver(root), missing=missing, named=named)
     result["warnings"] += warnings
+    result["missing"] = missing
+    # Filesystems on drives about to be wiped (storage_wipe_devices): an fstab line of theirs at
+    # the mount point is the old layout the new one replaces, not a foreign mount.
+    wiped = set(result["wipe"]) if result["action"] != "refuse" else set()
+    result["replaced_filesystems"] = replaced_filesystems([m for m in members if m["id"] in wiped] if probe else [])
     result["udev_rules_dir_existed"] = os.path.isdir(path_in(root, "/etc/udev/rules.d"))
     result["mdadm_conf_other_lines"] = []
     if result.get("md_uuid"):

@@ -459,3 +459,116 @@ def test_plan_file_rendered_with_the_commands(tmp_path):
     assert "ENV{MD_UUID}" in text
 
 
+
+
+# --------------------------------------------------------------------------
+# the role's own array, degraded: a lost drive, its return, a replacement
+# --------------------------------------------------------------------------
+
+U1 = "aaaaaaaa:bbbbbbbb:cccccccc:dddddddd"
+XFS1 = {"kind": "xfs", "uuid": "5e1f0000-0000-4000-8000-0000000000aa"}
+
+
+def _degraded(slaves=("nvme0n1",), level="raid1", disks=2, **extra):
+    return {"md127": {"device": "/dev/md127", "level": level, "raid_disks": disks, "chunk_kb": 0 if level == "raid1" else 512,
+                      "slaves": list(slaves), "majmin": "9:127", "state": "clean", "degraded": disks - len(slaves),
+                      "sync_action": "idle", "filesystem": XFS1, **extra}}
+
+
+def _running(kname, id_, role, level="raid1", disks=2):
+    return member(kname, id_, holders=["md127"], **_md(U1, role, level=level, disks=disks, fs=XFS1))
+
+
+def test_a_degraded_array_with_its_drive_gone_is_kept_and_warned_about():
+    r = ps.decide(spec("raid1"), [_running("nvme0n1", A, 0)], _degraded(), missing=[B], named="md127")
+    assert r["refusals"] == [] and r["action"] == "adopt" and r["commands"] == []
+    assert r["fs_uuid"] == XFS1["uuid"] and r["md_uuid"] == U1 and r["fs_device"] == "/dev/md127"
+    assert r["degraded"]["missing"] == [B] and (r["degraded"]["active"], r["degraded"]["raid_disks"]) == (1, 2)
+    assert r["warnings"] == [
+        f"storage: the data array /dev/md/data (raid1) runs degraded on 1 of 2 drives, {B} not on this host {SEP} put "
+        "the drive back, or list a blank drive in its place in storage_devices, then run up again"]
+
+
+def test_a_returning_member_is_re_added_else_added():
+    back = member("nvme4n1", B, **_md(U1, 1, fs=XFS1))
+    r = ps.decide(spec("raid1"), [_running("nvme0n1", A, 0), back], _degraded(), named="md127")
+    assert r["refusals"] == [] and r["action"] == "repair" and r["warnings"] == []
+    assert r["commands"] == [{"argv": ["mdadm", "/dev/md127", "--re-add", B], "fallback": ["mdadm", "/dev/md127", "--add", B],
+                              "why": f"re-add {B}, a member of the degraded array {U1}"}]
+    assert r["degraded"]["returning"] == [B] and r["fs_uuid"] == XFS1["uuid"]
+    assert r["mount"]["src"] == f"UUID={XFS1['uuid']}"
+
+
+def test_a_blank_drive_in_place_of_the_lost_one_is_added_as_the_replacement():
+    r = ps.decide(spec("raid10"), [_running("nvme0n1", A, 0, "raid10", 4), _running("nvme1n1", B, 1, "raid10", 4),
+                                   _running("nvme3n1", D, 3, "raid10", 4), member("nvme5n1", C)],
+                  _degraded(("nvme0n1", "nvme1n1", "nvme3n1"), "raid10", 4), named="md127")
+    assert r["refusals"] == [] and r["action"] == "repair"
+    assert [c["argv"] for c in r["commands"]] == [["mdadm", "/dev/md127", "--add", C]]
+    assert "fallback" not in r["commands"][0] and r["stripe_width"] == 2
+
+
+def test_a_drive_holding_other_data_is_refused_as_the_replacement_unless_it_may_be_wiped():
+    other = member("nvme5n1", C, signatures=[{"type": "ext4", "uuid": "1234"}])
+    r = ps.decide(spec("raid1"), [_running("nvme0n1", A, 0), other], _degraded(), named="md127")
+    assert r["action"] == "refuse" and r["refusals"] == [
+        f"storage: refusing {C} (/dev/nvme5n1) as a replacement in the degraded array /dev/md/data ({U1}): it holds an "
+        f"ext4 filesystem (UUID 1234), and only a returning member of that array or a blank drive is added {SEP} add it "
+        "to storage_wipe_devices to allow wiping it, or list another drive"]
+    foreign_md = member("nvme5n1", C, **_md("99999999:99999999:99999999:99999999", 1, level="raid1"))
+    assert "holds an md RAID member signature" in ps.decide(
+        spec("raid1"), [_running("nvme0n1", A, 0), foreign_md], _degraded(), named="md127")["refusals"][0]
+    other["wipe_allowed"] = True
+    r = ps.decide(spec("raid1"), [_running("nvme0n1", A, 0), other], _degraded(), named="md127")
+    assert [c["argv"] for c in r["commands"]] == [["wipefs", "--all", C], ["mdadm", "/dev/md127", "--add", C]]
+
+
+def test_a_degraded_array_of_another_layout_is_not_repaired_into_the_request():
+    drives = [_running("nvme0n1", A, 0), member("nvme1n1", B)]
+    # raid10 requested over an array that is raid1: the normal decision, which refuses the held drive
+    r = ps.decide(spec("raid10"), drives + [member("nvme2n1", C), member("nvme3n1", D)], _degraded(), named="md127")
+    assert r["action"] == "refuse" and "in use by md127" in r["refusals"][0]
+    # as many drives as the array has slots, but the array also runs on a drive that is not listed
+    r = ps.decide(spec("raid1"), drives, _degraded(("nvme0n1", "nvme9n1"), disks=3), named="md127")
+    assert r["action"] == "refuse"
+    # not the role's array (no /dev/md/NAME link to it)
+    assert ps.decide(spec("raid1"), drives, _degraded())["action"] == "refuse"
+
+
+def test_a_repaired_array_rebuilding_its_member_is_adopted_as_it_is():
+    drives = [_running("nvme0n1", A, 0), _running("nvme4n1", B, 1)]
+    arrays = _degraded(("nvme0n1", "nvme4n1"), sync_action="recover", degraded=1)
+    r = ps.decide(spec("raid1"), drives, arrays, named="md127")
+    assert r["action"] == "adopt" and r["commands"] == [] and r["warnings"] == [] and "degraded" not in r
+
+
+def test_a_missing_drive_is_a_degraded_member_only_beside_the_roles_degraded_array(fake_root):
+    root = Path(fake_root)
+    (root / "sys/block/md127/md").mkdir(parents=True)
+    for rel, text in {"md/level": "raid1", "md/raid_disks": "2", "md/degraded": "1", "md/array_state": "clean",
+                      "md/sync_action": "idle", "md/chunk_size": "0", "dev": "9:127"}.items():
+        (root / "sys/block/md127" / rel).write_text(text + "\n")
+    (root / "sys/block/md127/slaves").mkdir()
+    (root / "sys/block/md127/slaves/nvme0n1").symlink_to("../../nvme0n1")
+    (root / "sys/block/nvme0n1/holders").mkdir()
+    (root / "sys/block/nvme0n1/holders/md127").symlink_to("../../md127")
+    gone = "/dev/disk/by-id/nvme-Samsung_S7KGNU0X100002"
+    params = {"devices": ["/dev/disk/by-id/nvme-Samsung_S7KGNU0X100001", gone], "level": "raid1", "backend": "mdadm"}
+    r = ps.gather(params, root=fake_root, probe=False)
+    assert r["refusals"] == [f"storage: {gone} does not exist on this host (see ls -l /dev/disk/by-id)"]
+    (root / "dev/md").mkdir()
+    (root / "dev/md/data").symlink_to("../md127")
+    arrays = ps.md_arrays(fake_root)
+    assert arrays["md127"]["degraded"] == 1 and ps.named_array(fake_root, "data", arrays) == "md127"
+    r = ps.gather(params, root=fake_root, probe=False)
+    assert r["missing"] == [gone]
+    r = ps.gather({**params, "devices": params["devices"] + ["serial:NOPE"]}, root=fake_root, probe=False)
+    assert r["missing"] == [] and len(r["refusals"]) == 2  # three drives named for a two-drive array
+
+
+def test_an_old_arrays_fstab_line_is_replaced_when_its_drives_are_wiped():
+    r = ps.decide(spec("raid10"), [member(k, i) for k, i in (("nvme0n1", A), ("nvme1n1", B), ("nvme2n1", C), ("nvme3n1", D))])
+    old = ps.parse_fstab(f"UUID={XFS1['uuid']} /data xfs noatime,nofail 0 0\n")
+    assert ps.foreign_fstab_entries(old, r, root="/nonexistent") == [old[0]["line"]]
+    r["replaced_filesystems"] = [XFS1["uuid"]]
+    assert ps.foreign_fstab_entries(old, r, root="/nonexistent") == []
