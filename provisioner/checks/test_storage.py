@@ -9,6 +9,7 @@ mount, fstab and udev rule are skipped with that reason and the pending plan fil
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -198,3 +199,45 @@ def test_originals_recorded_for_undo(host, configured):
         data = json.loads(f.content_string)
     assert data["mountpoint"].rstrip("/") == configured["storage_mountpoint"]
     assert UDEV_RULE in data["created"]
+
+
+def _mdstat_entry(text, kname):
+    """The lines of /proc/mdstat about array KNAME (md127): its member line and the status lines after it."""
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith(f"{kname} :"):
+            inside = True
+        elif inside and not line.strip():
+            break
+        if inside:
+            lines.append(line)
+    return lines
+
+
+def test_md_array_runs_with_every_drive(host, built):
+    """A degraded array fails, naming how many drives run, which of storage_devices are not on the host,
+    and the fix; an array rebuilding a member (recovery) passes: it heals itself."""
+    if not built["uses_md"]:
+        pytest.skip("no md array with this backend and level")
+    device = f"/dev/md/{built.get('storage_md_name') or 'data'}"
+    with as_root(host):
+        kname = host.check_output(f"readlink -f {shlex.quote(device)}").rsplit("/", 1)[-1]
+        entry = _mdstat_entry(host.file("/proc/mdstat").content_string, kname)
+        assert entry, f"{device} ({kname}) is not in /proc/mdstat: the array is not assembled (run provisioner up)"
+        absent = [d for d in built["storage_devices"] if d.startswith("/dev/") and not host.file(d).exists]
+    text = " ".join(entry)
+    slots = re.search(r"\[(\d+)/(\d+)\]\s*\[([U_]+)\]", text)
+    failed = re.findall(r"(\S+)\[\d+\]\(F\)", text)
+    if slots is None:
+        return  # raid0 shows no slots: it cannot run degraded
+    want, have = int(slots.group(1)), int(slots.group(2))
+    if have >= want and not failed:
+        return
+    if "recovery =" in text and not failed:
+        return  # rebuilding the lost member now
+    missing = ", ".join(absent + failed) or "a member"
+    pytest.fail(
+        f"the data array {device} ({kname}) runs degraded on {have} of {want} drives, missing: {missing} - put the "
+        "drive back or list a blank drive in its place in storage_devices, then run provisioner up (it re-adds or "
+        "adds it and the array rebuilds)"
+    )

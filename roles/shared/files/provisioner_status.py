@@ -235,6 +235,9 @@ def parse_mdstat(text: str) -> dict[str, dict[str, Any]]:
                 current["slots"] = f"[{s.group(1)}/{s.group(2)}]"
                 current["up"] = s.group(3)
                 current["degraded"] = current["degraded"] or "_" in s.group(3) or s.group(1) != s.group(2)
+            r = re.search(r"\brecovery\s*=\s*([\d.]+%)", line)
+            if r:  # only while the kernel rebuilds a member
+                current["recovery"] = r.group(1)
         elif not line.strip():
             current = None
     return arrays
@@ -249,9 +252,16 @@ def describe_md(name: str, array: dict[str, Any], expected_members: Iterable[str
     problems += [f"{m} missing" for m in expected_members if m not in array["members"]]
     if array["degraded"] and not problems:
         problems.append("a member is missing")
-    if array["degraded"]:
+    if recovering(array):
+        text += f" recovering {array['recovery']}: the lost member is being rebuilt"
+    elif array["degraded"]:
         text += " degraded: " + ", ".join(problems)
     return f"{name} {text}"
+
+
+def recovering(array: dict[str, Any]) -> bool:
+    """A degraded array rebuilding its missing member (every slot taken, none failed): it heals itself."""
+    return bool(array["degraded"] and array.get("recovery") and not array["failed"])
 
 
 def parse_mountinfo(text: str) -> list[dict[str, str]]:
@@ -482,7 +492,7 @@ class Probes:
         live = describe_md(name, array, check.get("members", []))
         if not array["active"]:
             return live, DRIFTED, f"{device} is {array['state']}"
-        if array["degraded"]:
+        if array["degraded"] and not recovering(array):
             return live, DRIFTED, f"{device} is degraded: " + live.split(" degraded: ", 1)[-1]
         return live, OK, ""
 

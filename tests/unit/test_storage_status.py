@@ -1,0 +1,79 @@
+"""The data array as `provisioner status` and the hourly drift check see it: degraded is drift,
+rebuilding the lost member (recovery) is not, and a failed member stays drift while it rebuilds
+another."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "shared" / "files" / "provisioner_status.py"
+_spec = importlib.util.spec_from_file_location("provisioner_status_storage", SCRIPT)
+assert _spec and _spec.loader
+status = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(status)
+
+CHECK = {"name": "data array", "probe": "md", "device": "/dev/md/data", "expected": "active, not degraded",
+         "members": ["nvme0n1", "nvme1n1"]}
+
+DEGRADED = """Personalities : [raid1]
+md127 : active raid1 nvme0n1[0]
+      1046528 blocks super 1.2 [2/1] [U_]
+
+unused devices: <none>
+"""
+
+RECOVERING = """Personalities : [raid1]
+md127 : active raid1 nvme4n1[2] nvme0n1[0]
+      1046528 blocks super 1.2 [2/1] [U_]
+      [==>..................]  recovery = 12.5% (131072/1046528) finish=0.7min speed=20480K/sec
+
+unused devices: <none>
+"""
+
+FAILED_AND_RECOVERING = """Personalities : [raid10]
+md127 : active raid10 nvme5n1[4] nvme3n1[3] nvme2n1[2](F) nvme1n1[1] nvme0n1[0]
+      2093056 blocks super 1.2 512K chunks 2 near-copies [4/3] [UU_U]
+      [>....................]  recovery =  1.0% (10000/1046528) finish=2.0min speed=10000K/sec
+
+unused devices: <none>
+"""
+
+RESYNC = """Personalities : [raid10]
+md127 : active raid10 nvme3n1[3] nvme2n1[2] nvme1n1[1] nvme0n1[0]
+      2093056 blocks super 1.2 64K chunks 2 near-copies [4/4] [UUUU]
+      [=>...................]  resync =  8.0% (167424/2093056) finish=1.0min speed=27904K/sec
+
+unused devices: <none>
+"""
+
+
+def probe(tmp_path: Path, mdstat: str) -> tuple:
+    (tmp_path / "proc").mkdir(parents=True)
+    (tmp_path / "proc/mdstat").write_text(mdstat)
+    (tmp_path / "dev/md").mkdir(parents=True)
+    (tmp_path / "dev/md127").write_text("")
+    (tmp_path / "dev/md/data").symlink_to("../md127")
+    return status.Probes(str(tmp_path)).measure(CHECK)
+
+
+def test_a_degraded_array_is_drift_naming_the_missing_member(tmp_path: Path) -> None:
+    live, state, reason = probe(tmp_path, DEGRADED)
+    assert state == "drifted" and reason == "/dev/md/data is degraded: nvme1n1 missing", (live, reason)
+
+
+def test_an_array_rebuilding_its_lost_member_is_ok_and_says_so(tmp_path: Path) -> None:
+    assert status.parse_mdstat(RECOVERING)["md127"]["recovery"] == "12.5%"
+    assert "recovery" not in status.parse_mdstat(DEGRADED)["md127"]
+    live, state, reason = probe(tmp_path, RECOVERING)
+    assert (state, reason) == ("ok", "")
+    assert live == "md127 active raid1 [2/1] [U_] recovering 12.5%: the lost member is being rebuilt"
+
+
+def test_a_failed_member_stays_drift_while_a_spare_rebuilds(tmp_path: Path) -> None:
+    live, state, reason = probe(tmp_path, FAILED_AND_RECOVERING)
+    assert state == "drifted" and "nvme2n1 failed" in reason, (live, reason)
+
+
+def test_the_first_sync_of_a_new_array_is_not_drift(tmp_path: Path) -> None:
+    assert probe(tmp_path, RESYNC)[1] == "ok"
