@@ -10,7 +10,7 @@ selection of tests/integration/test_ray.py: core, hpo and distributed from the w
 
 - start to joined: every node's provisioner-ray.service stopped, then started on all three at
   once; the seconds from the start until the head's GCS lists three live nodes (a driver on the
-  head polling ray.nodes() every 0.2 s);
+  head, Ray imported before the start, connecting and polling ray.nodes() every 0.2 s);
 - distributed trials: `provisioner smoke --cluster` (the hpo workload's study, one CPU per
   trial), its trials/min on every node, the same trials on the head alone, and their ratio.
 
@@ -40,12 +40,17 @@ HEAD, WORKERS = "ray-bench-h", ("ray-bench-w1", "ray-bench-w2")
 NAMES = (HEAD, *WORKERS)
 COMPONENTS = ["core", "hpo", "distributed"]
 
-# On the head as the ML user: seconds until N nodes are alive, measured from the epoch time given.
+# On the head as the ML user: Ray imported first (its import takes seconds on a loaded machine
+# and is no part of the cluster's start), then "ready"; on a line from stdin (the units were
+# started) it connects as soon as the head's GCS answers and prints the epoch time at which N
+# nodes were alive (every lab server shares this machine's clock).
 WAIT = r"""
 import json, sys, time
 import ray
 cfg = json.load(open("/etc/provisioner/ray/ray.json"))
-want, since = int(sys.argv[1]), float(sys.argv[2])
+want = int(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
 deadline = time.time() + 300
 while True:
     try:
@@ -57,7 +62,8 @@ while True:
         time.sleep(0.2)
 while len([n for n in ray.nodes() if n["Alive"]]) != want and time.time() < deadline:
     time.sleep(0.2)
-print(json.dumps({"seconds": time.time() - since, "alive": len([n for n in ray.nodes() if n["Alive"]])}))
+joined = time.time()
+print(json.dumps({"joined": joined, "alive": len([n for n in ray.nodes() if n["Alive"]])}))
 """
 
 
@@ -76,18 +82,28 @@ def ssh(server: lab.LabServer, command: str, timeout: int = 600) -> subprocess.C
 def join_seconds(servers: dict[str, lab.LabServer]) -> float:
     with ThreadPoolExecutor(len(servers)) as pool:
         list(pool.map(lambda s: ssh(s, "systemctl stop provisioner-ray.service"), servers.values()))
-    # The head's clock: every server shares this machine's kernel and its clock.
+    head = servers[HEAD]
+    command = shlex.join(["runuser", "-u", "ml", "--", "/opt/mlstack/bin/python", "-c", WAIT, str(len(servers))])
+    waiter = subprocess.Popen(
+        ["ssh", "-F", str(head.ssh_config), head.name, command],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert waiter.stdin is not None and waiter.stdout is not None
+    if waiter.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the waiting driver did not start: {waiter.communicate(timeout=60)[1].strip()[-500:]}")
     started = time.time()
     with ThreadPoolExecutor(len(servers)) as pool:
         list(pool.map(lambda s: ssh(s, "systemctl start provisioner-ray.service"), servers.values()))
-    command = shlex.join(["runuser", "-u", "ml", "--", "/opt/mlstack/bin/python", "-c", WAIT, str(len(servers)), str(started)])
-    r = ssh(servers[HEAD], command)
-    if r.returncode != 0:
-        raise SystemExit(f"the cluster did not come back: {r.stderr.strip().splitlines()[-1:]}")
-    result = json.loads(r.stdout.strip().splitlines()[-1])
+    out, err = waiter.communicate("go\n", timeout=600)
+    if waiter.returncode != 0:
+        raise SystemExit(f"the cluster did not come back: {err.strip().splitlines()[-1:]}")
+    result = json.loads(out.strip().splitlines()[-1])
     if result["alive"] != len(servers):
         raise SystemExit(f"only {result['alive']} of {len(servers)} nodes joined within 300 s")
-    return result["seconds"]
+    return result["joined"] - started
 
 
 def spread(values: list[float]) -> str:
@@ -124,18 +140,23 @@ def main() -> int:
         )
         if rc != 0:
             raise SystemExit(f"up failed ({rc}): {envelope['errors']}")
-        print(f"first up of the 3 servers (common, mlstack core+hpo+distributed, thread_env, ray): {time.monotonic() - t0:.0f} s")
+        print(
+            f"first up of the 3 servers (common, mlstack core+hpo+distributed, thread_env, ray): {time.monotonic() - t0:.0f} s",
+            flush=True,
+        )
         joins, cluster, head, ratios = [], [], [], []
         for i in range(args.runs):
             joins.append(join_seconds(servers))
             rc, envelope = cli_json("smoke", "--cluster", "-i", str(inventory))
             check = next(c for c in envelope["data"]["hosts"][HEAD]["checks"] if c["id"] == "cluster.trials")
-            if check["status"] != "pass":
+            # Correctness decides: a lost trial, an idle node or a trial on more threads than it
+            # reserved fails; a warning is the rate's (below the previous run on a busy machine).
+            if check["status"] not in ("pass", "warn") or "every trial ran, on every node" not in check["reason"]:
                 raise SystemExit(f"smoke --cluster run {i + 1}: {check['status']}: {check['reason']}")
             cluster.append(check["figure"])
             head.append(check["limit"])
-            ratios.append(check["ratio"])
-            print(f"run {i + 1}: joined in {joins[-1]:.1f} s; {check['reason']}")
+            ratios.append(check["figure"] / check["limit"])
+            print(f"run {i + 1}: joined in {joins[-1]:.1f} s; {check['status']}: {check['reason']}", flush=True)
         print(f"\nmedians of {args.runs} runs on 3 lab servers sharing 2 cores:")
         print(f"  cluster start to all 3 nodes joined: {spread(joins)} s")
         print(f"  distributed trials, every node:      {spread(cluster)} trials/min")
