@@ -6,14 +6,16 @@ node joins with the plan's CPUs and memory, a job's tasks run on every node with
 reservation gives, a stopped worker leaves and rejoins when started again, a killed one is
 restarted by systemd and rejoins, the dashboard (when the environment has it) answers on loopback
 only, Ray's ports are refused to an address outside the cluster (this machine's end of the lab
-network), a second run changes nothing, `provisioner smoke --cluster` passes, bad input is refused
-before any host changes, and undo takes it all away. The three servers boot in parallel and are
-shared by every test of this module.
+network), a second run changes nothing, verify's ray checks pass on every node and name a stopped
+unit, `provisioner smoke --cluster` passes, bad input is refused before any host changes, and undo
+takes it all away (verify's check of a host outside the cluster then passes on the head). The
+three servers boot in parallel and are shared by every test of this module.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import socket
 import subprocess
@@ -116,6 +118,18 @@ def driver(head: lab.LabServer, *args: str, timeout: int = 180):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def verify_ray(inventory: str, limit: str | None = None) -> dict:
+    """provisioner verify's checks of role ray (checks/test_ray.py), as `up --tags ray` runs them:
+    the verify result as --json gives it. In a process of its own (verify runs pytest)."""
+    code = (
+        "import json, sys; from pathlib import Path; from provisioner.verify import verify; "
+        "print(json.dumps(verify(Path(sys.argv[1]), limit=sys.argv[2] or None, roles=('ray',)).to_dict()))"
+    )
+    r = subprocess.run([sys.executable, "-c", code, inventory, limit or ""], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def read_json(server: lab.LabServer, path: str) -> dict:
     r = ssh(server, f"cat {shlex.quote(path)}")
     assert r.returncode == 0, r.stderr
@@ -203,6 +217,19 @@ def test_every_node_joins_with_the_planned_cpus_and_memory(cluster):
         assert config["node"] == ("head" if name == HEAD else "worker")
 
 
+def test_verify_passes_on_every_node_of_the_cluster(cluster):
+    """The role's checks: units, the pinned environment, the node alive with the planned sizing as
+    Ray reports it, the ports, the firewall's members, the dashboard, the spill directory."""
+    result = verify_ray(cluster["inventory"])
+    assert result["exit_code"] == ExitCode.OK, result["roles"]
+    assert {h: r["ray"]["outcome"] for h, r in result["roles"].items()} == dict.fromkeys(NAMES, "passed"), result["roles"]
+    for name in NAMES:
+        outcomes = {c["check"]: c["outcome"] for c in result["hosts"][name]}
+        # A member: only the check of a host outside the cluster skips.
+        assert {c for c, o in outcomes.items() if o != "passed"} == {"test_nothing_of_the_role_exists_outside_the_cluster"}
+        assert len(outcomes) >= 8, outcomes
+
+
 def test_tasks_run_on_every_node_with_the_threads_of_their_reservation(cluster):
     """thread_env sets OMP_NUM_THREADS to every core for services; the Ray units clear it, so Ray
     gives each task its reservation and OpenBLAS and OpenMP run that many threads."""
@@ -249,7 +276,17 @@ def test_a_stopped_worker_leaves_and_rejoins_and_a_killed_one_is_restarted(clust
     head, w2, w1 = servers[HEAD], servers[WORKERS[1]], servers[WORKERS[0]]
     assert ssh(w2, "systemctl stop provisioner-ray.service").returncode == 0
     assert {n["NodeName"] for n in driver(head, "wait", "2", "90")} == {HEAD, WORKERS[0]}
-    assert ssh(w2, "systemctl start provisioner-ray.service").returncode == 0
+    # verify fails on the stopped node, naming its unit (asserted once the node runs again).
+    try:
+        result = verify_ray(cluster["inventory"], limit=WORKERS[1])
+    finally:
+        assert ssh(w2, "systemctl start provisioner-ray.service").returncode == 0
+    assert result["exit_code"] == ExitCode.HOST_FAILED and list(result["roles"]) == [WORKERS[1]], result["roles"]
+    ray = result["roles"][WORKERS[1]]["ray"]
+    units = next(d for d in ray["details"] if d.startswith("test_the_node_and_its_firewall_units_are_active_and_enabled: "))
+    # Stopped by systemd, Ray's `ray start --block` ends with status 1: the unit is "failed".
+    assert ray["outcome"] == "failed" and re.search(r"provisioner-ray\.service is (failed|inactive) ", units), ray
+    assert units.endswith("not active and enabled"), units
     assert {n["NodeName"] for n in driver(head, "wait", "3", "120")} == set(NAMES)
     # A crash: systemd restarts the node (Restart=always) and it joins again as a new node.
     old = next(n["NodeID"] for n in driver(head, "nodes") if n["NodeName"] == WORKERS[0])
@@ -315,5 +352,12 @@ def test_undo_stops_the_cluster_and_removes_the_units_and_rules(cluster):
             == 1
         )
     assert connects(cluster["servers"][HEAD].address, PORT) == "ConnectionRefusedError"
+    # Out of the groups now, the head passes verify's check that nothing of the role exists.
+    outside = cluster["dir"] / "outside.yml"
+    outside.write_text(yaml.safe_dump({"all": {"children": {"lab": {"hosts": cluster["hosts"]}}}}, sort_keys=False))
+    result = verify_ray(str(outside), limit=HEAD)
+    assert result["exit_code"] == ExitCode.OK and list(result["hosts"]) == [HEAD], result["roles"]
+    passed = [c["check"] for c in result["hosts"][HEAD] if c["outcome"] == "passed"]
+    assert passed == ["test_nothing_of_the_role_exists_outside_the_cluster"], result["hosts"][HEAD]
     rc, _data, errors = cli_json("undo", "-i", cluster["inventory"])
     assert rc == ExitCode.OK, errors
