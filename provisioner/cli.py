@@ -223,6 +223,10 @@ def undo(
 def verify(
     inventory: Inventory = None,
     limit: Limit = None,
+    tags: Annotated[
+        list[str] | None, typer.Option("--tags", "-t", help="Only the checks of roles with these tags (as up --tags); repeatable.")
+    ] = None,
+    skip_tags: Annotated[list[str] | None, typer.Option("--skip-tags", help="Skip the checks of roles with these tags.")] = None,
     json: Json = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Every check, not one line per role.")] = False,
 ) -> None:
@@ -230,7 +234,7 @@ def verify(
     _finish(
         "verify",
         json,
-        lambda _: commands.verify(inventory, limit=limit),
+        lambda _: commands.verify(inventory, limit=limit, tags=_split(tags), skip_tags=_split(skip_tags)),
         lambda result: render.verify_summary(result, verbose),
     )
 

@@ -219,9 +219,16 @@ def undo(
 # ---------------------------------------------------------------- verify
 
 
-def verify(inventory: Path | None, *, limit: str | None = None) -> Result[VerifyResult]:
-    """The testinfra checks of every role site.yml applies; no check at all is bad input (a wrong host pattern)."""
-    result = run_checks(engine.resolve_inventory(inventory), limit=limit)
+def verify(
+    inventory: Path | None, *, limit: str | None = None, tags: Sequence[str] = (), skip_tags: Sequence[str] = ()
+) -> Result[VerifyResult]:
+    """The testinfra checks of every role site.yml applies (those --tags/--skip-tags select, as up
+    applies them); no check at all is bad input (a wrong host pattern)."""
+    engine.check_tags(tags, skip_tags)
+    roles = roles_for_tags(tags, skip_tags)
+    if (tags or skip_tags) and not roles:
+        raise BadInput("--tags/--skip-tags leave no role to check: name a role (e.g. --tags storage) or drop them")
+    result = run_checks(engine.resolve_inventory(inventory), limit=limit, roles=roles)
     if not result.checks:
         return Result("verify", result, ExitCode.BAD_INPUT, errors=("no checks ran: is the inventory's host pattern right?",))
     return Result("verify", result, result.exit_code)

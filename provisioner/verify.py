@@ -6,6 +6,8 @@ host and role (passed, skipped: not configured, or failed with each failure's re
 
 from __future__ import annotations
 
+import re
+
 import io
 from collections.abc import Sequence
 from contextlib import redirect_stderr, redirect_stdout
@@ -154,6 +156,14 @@ def roles_for_tags(tags: Sequence[str] = (), skip_tags: Sequence[str] = ()) -> t
     return tuple(r for r in roles if not tagged(r, skip_tags))
 
 
+def hostspecs(limit: str | None) -> str:
+    """testinfra's --hosts for an Ansible limit: it splits its value at commas into host specs, so
+    each part of a limit like `a,b` (or `a:b`, Ansible's other list separator) gets its own
+    ansible:// spec; `ansible://a,b` would leave `b` to the local backend."""
+    parts = [p.strip() for p in re.split(r"[,:]", limit or "") if p.strip()] or ["all"]
+    return ",".join(f"ansible://{p}" for p in parts)
+
+
 def verify(
     inventory: Path,
     *,
@@ -173,7 +183,7 @@ def verify(
     collector = _Collector()
     args = [
         *files,
-        f"--hosts=ansible://{limit or 'all'}",
+        f"--hosts={hostspecs(limit)}",
         f"--ansible-inventory={inventory}",
         "-p",
         "no:cacheprovider",
