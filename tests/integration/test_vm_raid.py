@@ -35,7 +35,7 @@ from provisioner.lab.image import ensure_image
 pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
-NAME = "vmb-raid"
+NAME = "vm-raid"
 CHUNK_KB = 64
 LOST = 1  # the drive pulled out of the RAID1 (serial DATA1)
 TIMES: dict[str, float] = {}
