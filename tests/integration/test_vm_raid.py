@@ -18,45 +18,23 @@ Times of the boot, each run, the reboot and the rebuild are printed (pytest -s).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from vm_lab import booted, cli_json, ssh
 
 from provisioner import lab
 from provisioner.errors import ExitCode
 from provisioner.lab import vm
-from provisioner.lab.image import ensure_image
 
 pytestmark = pytest.mark.lab
 
-BIN = Path(sys.executable).parent / "provisioner"
 NAME = "vm-raid"
 CHUNK_KB = 64
 LOST = 1  # the drive pulled out of the RAID1 (serial DATA1)
 TIMES: dict[str, float] = {}
-
-
-def cli_json(*args: str, timeout: float = 2400) -> tuple[int, dict, list[str]]:
-    """Exit code, data and errors of the JSON envelope."""
-    env = {**os.environ, "PROVISIONER_STRATEGY": "mitogen"}
-    r = subprocess.run([str(BIN), *args, "--json"], capture_output=True, text=True, timeout=timeout, env=env)
-    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
-    envelope = json.loads(r.stdout)
-    assert envelope["exit_code"] == r.returncode, envelope
-    return r.returncode, envelope["data"], envelope["errors"]
-
-
-def ssh(server: lab.LabServer, command: str, timeout: float = 300, check: bool = True) -> str:
-    r = subprocess.run(
-        ["ssh", "-F", str(server.ssh_config), server.name, command], capture_output=True, text=True, timeout=timeout
-    )
-    assert r.returncode == 0 or not check, f"{command}: {r.stdout}{r.stderr}"
-    return r.stdout
 
 
 def wait_for(what: str, probe, timeout: float = 600, every: float = 3.0) -> str:
@@ -76,7 +54,7 @@ def up(server: lab.LabServer, level: str, drives: list[str], *extra: str, key: s
     args += ["-e", f"storage_devices=[{','.join(drives)}]", "-e", "storage_backend=mdadm", "-e", f"storage_level={level}"]
     # Role common (the ML group) is not what a real kernel proves: /data goes to root's group.
     args += ["-e", f"storage_chunk_kb={CHUNK_KB}", "-e", "storage_owner_group=root", *extra]
-    result = cli_json(*args)
+    result = cli_json(*args)[:3]
     TIMES[key] = time.monotonic() - start
     return result
 
@@ -93,17 +71,8 @@ def clean(server: lab.LabServer) -> str | None:
 
 @pytest.fixture(scope="module")
 def server(vm_requirements):
-    start = time.monotonic()
-    ensure_image()
-    TIMES["image (built or cached)"] = time.monotonic() - start
-    start = time.monotonic()
-    try:
-        booted = lab.up_vm(NAME, drives=4, drive_size="1G")
-        TIMES["boot to ssh"] = time.monotonic() - start
-        yield booted
-    finally:
-        lab.down(NAME)
-        print("\nlab VM RAID times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in TIMES.items()))
+    with booted(NAME, TIMES, "lab VM RAID times", drives=4, drive_size="1G") as vm_server:
+        yield vm_server
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +154,7 @@ def test_status_shows_the_degraded_array_drifted(server, degraded_up):
 def _status(server: lab.LabServer, key: str) -> dict:
     """The data array's row of `provisioner status`."""
     start = time.monotonic()
-    _, data, errors = cli_json("status", "-i", str(server.inventory))
+    _, data, errors, _ = cli_json("status", "-i", str(server.inventory))
     TIMES[key] = time.monotonic() - start
     rows = list(_named(data, "data array"))
     assert len(rows) == 1, (data, errors)
