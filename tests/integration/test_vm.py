@@ -1,18 +1,24 @@
-"""The storage and hugepages roles on a real kernel: one lab VM (qemu, Debian 12's own kernel,
-grub on its disk) with two virtual NVMe drives, booted once for the module (marked lab).
+"""The storage, hugepages and cpu_tuning roles on a real kernel: one lab VM (qemu, Debian 12's
+own kernel, grub on its disk) with two virtual NVMe drives, booted once for the module (marked lab).
 
-What a container cannot show, proven here through `provisioner up` itself:
+What a container cannot show, proven here through `provisioner up` and `undo` themselves:
 - mdadm RAID0 + XFS on both drives: the array built with the planned chunk, XFS's stripe unit
   and width matching chunk and drive count (xfs_info), mounted by UUID with nofail, the array
   named in mdadm.conf and that mdadm.conf inside the initramfs;
+- the host tuning live, not only persisted: THP enabled and defrag, swappiness, NUMA balancing
+  and tuned's profile written into the running kernel (a container sees them read-only);
 - a second run changes nothing, and with `--reboot` reboots the VM exactly once for the 1 GiB
   hugepages on the kernel command line (through grub: the VM boots from its disk);
 - after the reboot the array assembles under its name from the initramfs, the filesystem is
-  mounted again with a file's checksum intact, and the 1 GiB page is reserved.
+  mounted again with a file's checksum intact, the 1 GiB page is reserved, and verify passes
+  with every live cpu_tuning check run (only the governor's skipped: no cpufreq driver here);
+- `undo` takes the 1 GiB pages off the kernel command line, gives back the tuning's live values
+  and says a reboot is pending; `undo --reboot` then reboots once, after which no 1 GiB page is
+  reserved.
 
 Software emulation (KVM does not run guests on every host, see provisioner/lab/vm.py) makes
-every task slow, so the runs use Mitogen (PROVISIONER_STRATEGY=mitogen) and only the two roles'
-tags. Times of the image build, the boot, each run and the reboot are printed (pytest -s).
+every task slow, so the runs use Mitogen (PROVISIONER_STRATEGY=mitogen) and only the three roles'
+tags. Times of the image build, the boot, each run and the reboots are printed (pytest -s).
 """
 
 from __future__ import annotations
@@ -34,9 +40,20 @@ from provisioner.lab.image import ensure_image
 pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
-NAME = "vm-test"
+NAME = "vma-test"
 CHUNK_KB = 512
-STORAGE = ("--tags", "storage,hugepages")
+TAGS = ("--tags", "storage,hugepages,cpu_tuning")
+# One NUMA node: the plan leaves kernel.numa_balancing alone, so the run is told a value (the
+# kernel's own on one node is 0) to show that it is written live.
+NUMA_BALANCING = 1
+THP = "/sys/kernel/mm/transparent_hugepage"
+LIVE = {
+    "swappiness": "/proc/sys/vm/swappiness",
+    "numa_balancing": "/proc/sys/kernel/numa_balancing",
+    "thp_enabled": f"{THP}/enabled",
+    "thp_defrag": f"{THP}/defrag",
+}
+HUGEPAGES_1G = "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages"
 TIMES: dict[str, float] = {}
 
 
@@ -61,6 +78,8 @@ def _vars(server: lab.LabServer) -> list[str]:
         "hugepages_group=root",
         "-e",
         "storage_owner_group=root",
+        "-e",
+        f"cpu_tuning_numa_balancing={NUMA_BALANCING}",
     ]
 
 
@@ -80,6 +99,18 @@ def ssh(server: lab.LabServer, command: str, timeout: float = 300) -> str:
     )
     assert r.returncode == 0, f"{command}: {r.stdout}{r.stderr}"
     return r.stdout
+
+
+def live_tuning(server: lab.LabServer) -> dict[str, str]:
+    """The running kernel's values of what cpu_tuning sets (THP as its selected mode), and tuned's profile."""
+    out = ssh(server, "for f in " + " ".join(LIVE.values()) + "; do cat $f; done; tuned-adm active").splitlines()
+    values = dict(zip(LIVE, (re.sub(r".*\[(\w+)\].*", r"\1", line.strip()) for line in out), strict=False))
+    values["tuned"] = out[len(LIVE)].removeprefix("Current active profile: ").strip() if len(out) > len(LIVE) else ""
+    return values
+
+
+def boot_id(server: lab.LabServer) -> str:
+    return ssh(server, "cat /proc/sys/kernel/random/boot_id").strip()
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +135,16 @@ def _run_seconds(run: dict) -> tuple[float, int]:
 
 
 @pytest.fixture(scope="module")
-def first_up(vm_server):
-    rc, data, errors, messages = cli_json("up", "-i", str(vm_server.inventory), *STORAGE, "--no-verify", *_vars(vm_server))
+def stock_tuning(vm_server):
+    """The VM's own values before provisioner touched it (Debian's kernel and tuned's virtual-guest),
+    once its boot has finished (sshd answers before tuned has started)."""
+    ssh(vm_server, "systemctl is-system-running --wait >/dev/null || true")
+    return live_tuning(vm_server)
+
+
+@pytest.fixture(scope="module")
+def first_up(vm_server, stock_tuning):
+    rc, data, errors, messages = cli_json("up", "-i", str(vm_server.inventory), *TAGS, "--no-verify", *_vars(vm_server))
     if data:
         TIMES["first run"], tasks = _run_seconds(data)
         TIMES["first run per task"] = TIMES["first run"] / max(tasks, 1)
@@ -141,16 +180,28 @@ def test_raid0_and_xfs_are_built_on_the_nvme_drives_and_persisted(vm_server, fir
     assert any("reboot pending" in m and "hugepages" in m for m in messages), messages
 
 
+def test_the_host_tuning_is_written_into_the_running_kernel(vm_server, first_up, stock_tuning):
+    assert first_up[0] == ExitCode.OK, first_up[2]
+    wanted = {
+        "swappiness": "10",
+        "numa_balancing": str(NUMA_BALANCING),
+        "thp_enabled": "madvise",
+        "thp_defrag": "madvise",
+        "tuned": "provisioner-ml",
+    }
+    assert live_tuning(vm_server) == wanted
+    # Each of them was something else before: the run wrote them, they were not already so.
+    changed = {k for k in wanted if stock_tuning[k] != wanted[k]}
+    assert changed == set(wanted) - {"thp_defrag"}, stock_tuning  # Debian's THP defrag is madvise already
+
+
 @pytest.fixture(scope="module")
 def rebooted_up(vm_server, first_up):
     assert first_up[0] == ExitCode.OK, first_up[2]
     ssh(vm_server, "head -c 8M /dev/urandom > /data/probe && sync")
-    before = {
-        "sha": ssh(vm_server, "sha256sum /data/probe").split()[0],
-        "boot_id": ssh(vm_server, "cat /proc/sys/kernel/random/boot_id").strip(),
-    }
+    before = {"sha": ssh(vm_server, "sha256sum /data/probe").split()[0], "boot_id": boot_id(vm_server)}
     start = time.monotonic()
-    result = cli_json("up", "-i", str(vm_server.inventory), *STORAGE, "--reboot", *_vars(vm_server))
+    result = cli_json("up", "-i", str(vm_server.inventory), *TAGS, "--reboot", *_vars(vm_server))
     TIMES["second run + reboot + verify"] = time.monotonic() - start
     data = result[1]
     if data:
@@ -171,14 +222,14 @@ def test_a_second_run_changes_nothing_and_reboots_once(rebooted_up):
 
 def test_after_the_reboot_the_array_assembles_under_its_name_with_the_data_intact(vm_server, rebooted_up):
     _, before = rebooted_up
-    assert ssh(vm_server, "cat /proc/sys/kernel/random/boot_id").strip() != before["boot_id"]
+    assert boot_id(vm_server) != before["boot_id"]
     assert "hugepagesz=1G" in ssh(vm_server, "cat /proc/cmdline")  # the line grub read from the disk
     kernel_name = ssh(vm_server, "readlink -f /dev/md/data").strip()
     assert re.fullmatch(r"/dev/md\d+", kernel_name), kernel_name
     assert re.search(r"Name : \S*:?data\b", ssh(vm_server, "mdadm --detail /dev/md/data"))
     assert ssh(vm_server, "findmnt -n -o SOURCE,FSTYPE /data").split() == [kernel_name, "xfs"]
     assert ssh(vm_server, "sha256sum /data/probe").split()[0] == before["sha"]
-    assert ssh(vm_server, "cat /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages").strip() == "1"
+    assert ssh(vm_server, f"cat {HUGEPAGES_1G}").strip() == "1"
 
 
 def test_the_verify_after_the_reboot_passes(rebooted_up):
@@ -187,12 +238,80 @@ def test_the_verify_after_the_reboot_passes(rebooted_up):
     verified = data["verify"]
     assert verified is not None and verified["exit_code"] == 0, verified
     roles = verified["roles"][NAME]
-    assert roles["storage"]["outcome"] == roles["hugepages"]["outcome"] == "passed", roles
+    assert roles["storage"]["outcome"] == roles["hugepages"]["outcome"] == roles["cpu_tuning"]["outcome"] == "passed", roles
+
+
+def test_after_the_reboot_every_live_cpu_tuning_check_ran_and_passed(rebooted_up):
+    """The container lab's "read-only here" skips run here; only what this VM lacks is skipped, saying so."""
+    (rc, data, errors, _), _ = rebooted_up
+    assert rc == ExitCode.OK, errors
+    checks = {c["check"]: c for c in data["verify"]["hosts"][NAME] if c["role"] == "cpu_tuning"}
+    live = sorted(name for name in checks if name.startswith("test_live_value["))
+    assert len(live) == len(LIVE), checks  # swappiness, NUMA balancing, THP enabled and defrag
+    skipped = {name: c["message"] for name, c in checks.items() if c["outcome"] != "passed"}
+    assert list(skipped) == ["test_governor"], skipped
+    # TCG emulates no cpufreq driver: no governor, no energy-performance preference to set.
+    assert "no cpufreq driver" in skipped["test_governor"], skipped
+    assert checks["test_tuned_profile_active"]["outcome"] == "passed"
+
+
+@pytest.fixture(scope="module")
+def undone(vm_server, rebooted_up):
+    """`undo` (no reboot), what it left, then `undo --reboot` (the last runs of the module)."""
+    assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
+    inventory = str(vm_server.inventory)
+    start = time.monotonic()
+    pending = cli_json("undo", "-i", inventory)
+    TIMES["undo"] = time.monotonic() - start
+    left = {
+        "cmdline": ssh(vm_server, "cat /proc/cmdline"),
+        "grub": ssh(vm_server, "grep -h '^[[:space:]]*linux' /boot/grub/grub.cfg"),
+        "drop-ins": ssh(vm_server, "ls /etc/default/grub.d"),
+        "tuning": live_tuning(vm_server),
+        "boot_id": boot_id(vm_server),
+    }
+    start = time.monotonic()
+    rebooted = cli_json("undo", "-i", inventory, "--reboot")
+    TIMES["undo --reboot (nothing left to restore) + reboot"] = time.monotonic() - start
+    if rebooted[1] and rebooted[1].get("rebooted"):
+        TIMES["undo's reboot run"] = rebooted[1]["rebooted"]["seconds"]
+    return pending, left, rebooted
+
+
+def test_undo_takes_the_pages_off_the_kernel_command_line_and_says_a_reboot_is_pending(undone, stock_tuning):
+    (rc, data, errors, messages), left, _ = undone
+    assert rc == ExitCode.OK, errors
+    assert data["hosts"][NAME]["changed"] > 0 and data["rebooted"] is None
+    assert "60-provisioner-hugepages.cfg" not in left["drop-ins"].split(), left["drop-ins"]
+    assert "hugepagesz=1G" not in left["grub"] and "console=ttyS0" in left["grub"], left["grub"]
+    assert "hugepagesz=1G hugepages=1" in left["cmdline"], "the running kernel keeps its command line until a reboot"
+    assert list(data["reboot"]["pending"]) == [NAME] and data["reboot"]["reboot"] == {}, data["reboot"]
+    assert [m for m in messages if m.startswith("reboot pending")] == [
+        f"reboot pending on {NAME}: "
+        + "; ".join(data["reboot"]["pending"][NAME])
+        + "; run provisioner undo --reboot (or reboot it)"
+    ], messages
+    assert "hugepages" in data["reboot"]["pending"][NAME][0], data["reboot"]
+    # The tuning's live values are given back on the running kernel, tuned's profile too.
+    assert left["tuning"] == stock_tuning
+
+
+def test_undo_reboot_reboots_once_after_which_no_1g_page_is_reserved(vm_server, undone):
+    _, left, (rc, data, errors, messages) = undone
+    assert rc == ExitCode.OK, errors
+    assert data["hosts"][NAME]["changed"] == 0, data["changes"]  # twice is harmless: nothing left to restore
+    assert list(data["reboot"]["reboot"]) == [NAME] and data["reboot"]["pending"] == {}, data["reboot"]
+    assert data["rebooted"]["hosts"][NAME]["failed"] == 0
+    assert [m.split(":")[0] for m in messages] == [f"rebooted {NAME}"], messages
+    assert boot_id(vm_server) != left["boot_id"]
+    assert "hugepagesz=" not in ssh(vm_server, "cat /proc/cmdline")
+    assert ssh(vm_server, f"cat {HUGEPAGES_1G}").strip() == "0"
+    assert re.search(r"(?m)^Hugetlb:\s+0 kB$", ssh(vm_server, "cat /proc/meminfo"))  # no page of any size
 
 
 def test_a_vm_that_does_not_answer_in_time_is_stopped_and_removed(vm_requirements):
     """A boot timeout shorter than any boot: the VM is stopped, its dir gone, the console's tail in the error."""
-    name = "vm-late"
+    name = "vma-late"
     with pytest.raises(lab.LabError) as exc:
         lab.up_vm(name, boot_timeout=3)
     message = str(exc.value)
