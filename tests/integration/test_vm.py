@@ -40,7 +40,7 @@ from provisioner.lab.image import ensure_image
 pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
-NAME = "vma-test"
+NAME = "vm-test"
 CHUNK_KB = 512
 TAGS = ("--tags", "storage,hugepages,cpu_tuning")
 # One NUMA node: the plan leaves kernel.numa_balancing alone, so the run is told a value (the
@@ -311,7 +311,7 @@ def test_undo_reboot_reboots_once_after_which_no_1g_page_is_reserved(vm_server, 
 
 def test_a_vm_that_does_not_answer_in_time_is_stopped_and_removed(vm_requirements):
     """A boot timeout shorter than any boot: the VM is stopped, its dir gone, the console's tail in the error."""
-    name = "vma-late"
+    name = "vm-late"
     with pytest.raises(lab.LabError) as exc:
         lab.up_vm(name, boot_timeout=3)
     message = str(exc.value)
