@@ -17,14 +17,18 @@ The strategy is provisioner's default (Mitogen); PROVISIONER_STRATEGY=linear mea
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 from provisioner import bundle, engine, lab
 
@@ -65,6 +69,51 @@ def status(inventory: str, name: str) -> tuple[float, float]:
     return seconds, json.loads(r.stdout)["data"]["hosts"][name]["seconds"]
 
 
+# Actions that run on the control node (no module on the target).
+LOCAL_ACTIONS = {
+    f"{prefix}{name}"
+    for prefix in ("", "ansible.builtin.")
+    for name in ("set_fact", "assert", "debug", "fail", "include_role", "include_tasks", "validate_argument_spec", "meta")
+}
+FLOOR_TASKS = 100
+FLOOR_KINDS = {
+    "remote": {"ansible.builtin.stat": {"path": "/etc/hostname", "get_checksum": False}},
+    "local": {"ansible.builtin.set_fact": {"floor_x": 1}},
+    "skipped": {"ansible.builtin.stat": {"path": "/etc/hostname"}, "when": False},
+}
+
+
+def task_mix(artifact_dir: Path) -> collections.Counter[str]:
+    """site.yml's tasks of one run by kind (remote module, local action, skipped), from its events."""
+    mix: collections.Counter[str] = collections.Counter()
+    for path in (artifact_dir / "job_events").glob("*.json"):
+        event = json.loads(path.read_text())
+        if event.get("event") == "runner_on_skipped":
+            mix["skipped"] += 1
+        elif event.get("event") == "runner_on_ok":
+            mix["local" if event["event_data"].get("task_action") in LOCAL_ACTIONS else "remote"] += 1
+    return mix
+
+
+def floor(inventory: str) -> dict[str, float]:
+    """Seconds per task of each kind on the server, with provisioner's own Ansible settings."""
+    env = {**os.environ, **engine._run_env(False, "site.yml")}
+    ansible_playbook = str(Path(sys.executable).parent / "ansible-playbook")
+
+    def run(tasks: list[dict]) -> float:
+        with tempfile.NamedTemporaryFile("w", suffix=".yml") as book:
+            yaml.safe_dump([{"hosts": "all", "gather_facts": False, "tasks": tasks}], book)
+            started = time.monotonic()
+            subprocess.run([ansible_playbook, "-i", inventory, book.name], env=env, check=True, capture_output=True)
+            return time.monotonic() - started
+
+    one = run([{"name": "one", **FLOOR_KINDS["remote"]}])  # start-up and the connection
+    return {
+        kind: max(run([{"name": f"{kind} {i}", **task} for i in range(FLOOR_TASKS)]) - one, 0.0) / FLOOR_TASKS
+        for kind, task in FLOOR_KINDS.items()
+    }
+
+
 def profile(artifact_dir: Path) -> list[tuple[str, float]]:
     """The tasks and their seconds, slowest first, from profile_tasks' summary."""
     text = (artifact_dir / "stdout").read_text()
@@ -97,10 +146,12 @@ def main() -> None:
                 sys.exit(f"the re-run changed {host['changed']} task(s) on a converged server: {out['changes']}")
             runs.append((seconds, out["seconds"], host, Path(out["artifact_dir"])))
         statuses = [status(inv, name) for _ in range(args.runs)]
+        runs.sort(key=lambda r: r[0])
+        mix = task_mix(runs[len(runs) // 2][3])
+        costs = floor(inv)
     finally:
         if made and not args.keep:
             lab.down(name)
-    runs.sort(key=lambda r: r[0])
     walls = [r[0] for r in runs]
     _, ansible_seconds, host, artifacts = runs[len(runs) // 2]
     tasks = profile(artifacts)
@@ -119,6 +170,16 @@ def main() -> None:
     print("top ten tasks (profile_tasks, median run):")
     for task, seconds in tasks[:10]:
         print(f"  {seconds:6.2f} s  {task}")
+    least = sum(costs[kind] * n for kind, n in mix.items())
+    print(
+        "per-task cost of trivial tasks on this server: "
+        + ", ".join(f"{kind} {costs[kind] * 1000:.0f} ms" for kind in FLOOR_KINDS)
+    )
+    print(
+        "site.yml's mix (" + ", ".join(f"{mix[k]} {k}" for k in FLOOR_KINDS) + f") costs at least {least:.1f} s of "
+        f"ansible-playbook's {ansible_seconds:.1f} s ({least / ansible_seconds:.0%}); at that cost 15 s holds at most "
+        f"{15 / max(least / max(sum(mix.values()), 1), 1e-9):.0f} tasks of this mix"
+    )
     script = statistics.median(s for _, s in statuses)
     print(
         f"provisioner status, median of {len(statuses)}: {statistics.median(w for w, _ in statuses):.1f} s wall, "
