@@ -224,7 +224,8 @@ def verify(
     inventory: Inventory = None,
     limit: Limit = None,
     tags: Annotated[
-        list[str] | None, typer.Option("--tags", "-t", help="Only the checks of roles with these tags (as up --tags); repeatable.")
+        list[str] | None,
+        typer.Option("--tags", "-t", help="Only the checks of roles with these tags (as up --tags); repeatable."),
     ] = None,
     skip_tags: Annotated[list[str] | None, typer.Option("--skip-tags", help="Skip the checks of roles with these tags.")] = None,
     json: Json = False,

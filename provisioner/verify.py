@@ -6,9 +6,8 @@ host and role (passed, skipped: not configured, or failed with each failure's re
 
 from __future__ import annotations
 
-import re
-
 import io
+import re
 from collections.abc import Sequence
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
