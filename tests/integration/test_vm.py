@@ -23,23 +23,18 @@ tags. Times of the image build, the boot, each run and the reboots are printed (
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from vm_lab import booted, cli_json, ssh
 
 from provisioner import lab
 from provisioner.errors import ExitCode
-from provisioner.lab.image import ensure_image
 
 pytestmark = pytest.mark.lab
 
-BIN = Path(sys.executable).parent / "provisioner"
 NAME = "vm-test"
 CHUNK_KB = 512
 TAGS = ("--tags", "storage,hugepages,cpu_tuning")
@@ -83,24 +78,6 @@ def _vars(server: lab.LabServer) -> list[str]:
     ]
 
 
-def cli_json(*args: str, timeout: float = 2400) -> tuple[int, dict, list[str], list[str]]:
-    """Exit code, data, errors and messages of the JSON envelope."""
-    env = {**os.environ, "PROVISIONER_STRATEGY": "mitogen"}
-    r = subprocess.run([str(BIN), *args, "--json"], capture_output=True, text=True, timeout=timeout, env=env)
-    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
-    envelope = json.loads(r.stdout)
-    assert envelope["exit_code"] == r.returncode, envelope
-    return r.returncode, envelope["data"], envelope["errors"], envelope["messages"]
-
-
-def ssh(server: lab.LabServer, command: str, timeout: float = 300) -> str:
-    r = subprocess.run(
-        ["ssh", "-F", str(server.ssh_config), server.name, command], capture_output=True, text=True, timeout=timeout
-    )
-    assert r.returncode == 0, f"{command}: {r.stdout}{r.stderr}"
-    return r.stdout
-
-
 def live_tuning(server: lab.LabServer) -> dict[str, str]:
     """The running kernel's values of what cpu_tuning sets (THP as its selected mode), and tuned's profile."""
     out = ssh(server, "for f in " + " ".join(LIVE.values()) + "; do cat $f; done; tuned-adm active").splitlines()
@@ -115,17 +92,8 @@ def boot_id(server: lab.LabServer) -> str:
 
 @pytest.fixture(scope="module")
 def vm_server(vm_requirements):
-    start = time.monotonic()
-    ensure_image()
-    TIMES["image (built or cached)"] = time.monotonic() - start
-    start = time.monotonic()
-    try:
-        server = lab.up_vm(NAME, drives=2, drive_size="2G")
-        TIMES["boot to ssh"] = time.monotonic() - start
+    with booted(NAME, TIMES, "lab VM times", drives=2, drive_size="2G") as server:
         yield server
-    finally:
-        lab.down(NAME)
-        print("\nlab VM times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in TIMES.items()))
 
 
 def _run_seconds(run: dict) -> tuple[float, int]:
