@@ -147,7 +147,7 @@ def up(
         outcome.published, published = publish_metrics(inv, outcome.smoked.reports, accept_new_host_keys=accept_new_host_keys)
         errors += outcome.published.errors if outcome.published else []
     warnings = [f"warning: {w}" for w in run.warnings]
-    messages = (*warnings, *reboot_messages(outcome.decision, allowed=reboot), *published)
+    messages = (*warnings, *reboot_messages(outcome.decision, allowed=reboot and not check), *published)
     return Result("up", outcome, outcome.exit_code, messages, tuple(errors))
 
 

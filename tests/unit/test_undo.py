@@ -128,3 +128,14 @@ def test_cli_undo_reboot_refuses_bad_input_in_one_line(tmp_path):
     out = runner.invoke(app, ["undo", "--reboot=now"])
     assert out.exit_code == ExitCode.BAD_INPUT
     assert "does not take a value" in out.output
+
+
+def test_up_check_reboot_names_the_run_that_would_reboot_not_this_machine(monkeypatch, tmp_path):
+    """up --check --reboot reboots nothing; the pending line tells to run again, since the host
+    is remote (it used to say this machine is never rebooted)."""
+    site = run_result("site.yml", check=True, reasons={"web1": [REASON]})
+    runs = Runs(monkeypatch, tmp_path, site)
+    runs.results["site.yml"] = site
+    result = commands.up(runs.inventory, check=True, reboot=True, tags=["hugepages"])
+    assert runs.ran == [("site.yml", None)]
+    assert result.messages == (f"reboot pending on web1: {REASON}; run again with --reboot",)
