@@ -122,9 +122,9 @@ def test_records_are_read_and_removed_through_shared(role):
 # --------------------------------------------------------------------------
 
 SITE_PREFLIGHTS = sorted(
-    task["ansible.builtin.include_role"]["name"]
+    task["ansible.builtin.import_role"]["name"]
     for task in load(ROOT / "playbooks" / "site.yml")[0]["tasks"]
-    if task.get("ansible.builtin.include_role", {}).get("tasks_from") == "preflight"
+    if task.get("ansible.builtin.import_role", {}).get("tasks_from") == "preflight"
 )
 
 
