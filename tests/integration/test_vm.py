@@ -12,9 +12,8 @@ What a container cannot show, proven here through `provisioner up` and `undo` th
 - after the reboot the array assembles under its name from the initramfs, the filesystem is
   mounted again with a file's checksum intact, the 1 GiB page is reserved, and verify passes
   with every live cpu_tuning check run (only the governor's skipped: no cpufreq driver here);
-- `undo` takes the 1 GiB pages off the kernel command line, gives back the tuning's live values
-  and says a reboot is pending; `undo --reboot` then reboots once, after which no 1 GiB page is
-  reserved.
+- `undo --reboot` takes the 1 GiB pages off the kernel command line and reboots once, after
+  which no 1 GiB page is reserved and the VM boots with its own tuning again.
 
 Software emulation (KVM does not run guests on every host, see provisioner/lab/vm.py) makes
 every task slow, so the runs use Mitogen (PROVISIONER_STRATEGY=mitogen) and only the three roles'
@@ -28,7 +27,7 @@ import subprocess
 import time
 
 import pytest
-from vm_lab import booted, cli_json, ssh
+from vm_lab import assert_data_array, booted, cli_json, ssh
 
 from provisioner import lab
 from provisioner.errors import ExitCode
@@ -123,28 +122,15 @@ def test_raid0_and_xfs_are_built_on_the_nvme_drives_and_persisted(vm_server, fir
     rc, data, errors, messages = first_up
     assert rc == ExitCode.OK, errors
     assert data["hosts"][NAME]["changed"] > 0
-    detail = ssh(vm_server, "mdadm --detail /dev/md/data")
-    assert re.search(r"Raid Level : raid0", detail), detail
-    assert re.search(r"Raid Devices : 2", detail) and re.search(rf"Chunk Size : {CHUNK_KB}K", detail), detail
-    members = ssh(vm_server, "for d in " + " ".join(vm_server.drives) + "; do readlink -f $d; done").split()
-    assert all(m in detail for m in members), (members, detail)
-    # XFS aligned to the array: stripe unit = chunk, width = chunk x drives (in 4 KiB blocks).
-    xfs = ssh(vm_server, "xfs_info /data")
-    sunit, swidth = (int(x) for x in re.search(r"sunit=(\d+)\s+swidth=(\d+) blks", xfs).groups())
-    assert (sunit, swidth) == (CHUNK_KB // 4, 2 * CHUNK_KB // 4), xfs
-    uuid = ssh(vm_server, "blkid -s UUID -o value /dev/md/data").strip()
-    fstab = [line.split() for line in ssh(vm_server, "cat /etc/fstab").splitlines() if "/data" in line]
-    assert len(fstab) == 1 and fstab[0][0] == f"UUID={uuid}" and fstab[0][2] == "xfs", fstab
-    assert "nofail" in fstab[0][3].split(","), fstab
-    array_line = [line for line in ssh(vm_server, "cat /etc/mdadm/mdadm.conf").splitlines() if line.startswith("ARRAY")]
-    assert len(array_line) == 1 and array_line[0].startswith("ARRAY /dev/md/data "), array_line
+    array = assert_data_array(vm_server, "raid0", vm_server.drives, CHUNK_KB, data_drives=2)
+    assert "nofail" in array["fstab"][3].split(","), array["fstab"]
     # The initramfs carries that mdadm.conf (else the array comes back as /dev/md127 at boot).
     inside = ssh(
         vm_server,
         "rm -rf /tmp/i && unmkinitramfs /boot/initrd.img-$(uname -r) /tmp/i && "
         "find /tmp/i -path '*etc/mdadm/mdadm.conf' -exec grep -h '^ARRAY' {} +",
     )
-    assert inside.strip().splitlines() == array_line, inside
+    assert inside.strip().splitlines() == [array["array"]], inside
     assert any("reboot pending" in m and "hugepages" in m for m in messages), messages
 
 
@@ -225,56 +211,45 @@ def test_after_the_reboot_every_live_cpu_tuning_check_ran_and_passed(rebooted_up
 
 @pytest.fixture(scope="module")
 def undone(vm_server, rebooted_up):
-    """`undo` (no reboot), what it left, then `undo --reboot` (the last runs of the module)."""
+    """`undo --reboot` (the last run of the module) and what it left. Undo without --reboot, its
+    pending-reboot message and the live values given back before any reboot are the unit tests'
+    (test_undo.py) and this machine's own kernel's (tests/host): here, what only a real boot shows."""
     assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
-    inventory = str(vm_server.inventory)
+    before = boot_id(vm_server)
     start = time.monotonic()
-    pending = cli_json("undo", "-i", inventory)
-    TIMES["undo"] = time.monotonic() - start
+    result = cli_json("undo", "-i", str(vm_server.inventory), "--reboot")
+    TIMES["undo --reboot + reboot"] = time.monotonic() - start
+    if result[1] and result[1].get("rebooted"):
+        TIMES["undo's reboot run"] = result[1]["rebooted"]["seconds"]
     left = {
         "cmdline": ssh(vm_server, "cat /proc/cmdline"),
         "grub": ssh(vm_server, "grep -h '^[[:space:]]*linux' /boot/grub/grub.cfg"),
         "drop-ins": ssh(vm_server, "ls /etc/default/grub.d"),
         "tuning": live_tuning(vm_server),
         "boot_id": boot_id(vm_server),
+        "pages": ssh(vm_server, f"cat {HUGEPAGES_1G}").strip(),
+        "meminfo": ssh(vm_server, "cat /proc/meminfo"),
     }
-    start = time.monotonic()
-    rebooted = cli_json("undo", "-i", inventory, "--reboot")
-    TIMES["undo --reboot (nothing left to restore) + reboot"] = time.monotonic() - start
-    if rebooted[1] and rebooted[1].get("rebooted"):
-        TIMES["undo's reboot run"] = rebooted[1]["rebooted"]["seconds"]
-    return pending, left, rebooted
+    return result, before, left
 
 
-def test_undo_takes_the_pages_off_the_kernel_command_line_and_says_a_reboot_is_pending(undone, stock_tuning):
-    (rc, data, errors, messages), left, _ = undone
+def test_undo_takes_the_pages_off_the_kernel_command_line_and_reboots_once(undone, stock_tuning):
+    (rc, data, errors, messages), before, left = undone
     assert rc == ExitCode.OK, errors
-    assert data["hosts"][NAME]["changed"] > 0 and data["rebooted"] is None
+    assert data["hosts"][NAME]["changed"] > 0
+    # The reboot is the hugepages restore's own: the 1 GiB pages leave grub's line.
+    assert list(data["reboot"]["reboot"]) == [NAME] and data["reboot"]["pending"] == {}, data["reboot"]
+    assert "hugepages" in data["reboot"]["reboot"][NAME][0], data["reboot"]
+    assert data["rebooted"]["hosts"][NAME]["failed"] == 0
+    assert [m.split(":")[0] for m in messages if m.startswith("reboot")] == [f"rebooted {NAME}"], messages
+    assert left["boot_id"] != before
     assert "60-provisioner-hugepages.cfg" not in left["drop-ins"].split(), left["drop-ins"]
     assert "hugepagesz=1G" not in left["grub"] and "console=ttyS0" in left["grub"], left["grub"]
-    assert "hugepagesz=1G hugepages=1" in left["cmdline"], "the running kernel keeps its command line until a reboot"
-    assert list(data["reboot"]["pending"]) == [NAME] and data["reboot"]["reboot"] == {}, data["reboot"]
-    assert [m for m in messages if m.startswith("reboot pending")] == [
-        f"reboot pending on {NAME}: "
-        + "; ".join(data["reboot"]["pending"][NAME])
-        + "; run provisioner undo --reboot (or reboot it)"
-    ], messages
-    assert "hugepages" in data["reboot"]["pending"][NAME][0], data["reboot"]
-    # The tuning's live values are given back on the running kernel, tuned's profile too.
+    assert "hugepagesz=" not in left["cmdline"], left["cmdline"]
+    assert left["pages"] == "0"
+    assert re.search(r"(?m)^Hugetlb:\s+0 kB$", left["meminfo"])  # no page of any size
+    # The booted kernel runs the VM's own tuning again (sysctl.d, tuned's profile).
     assert left["tuning"] == stock_tuning
-
-
-def test_undo_reboot_reboots_once_after_which_no_1g_page_is_reserved(vm_server, undone):
-    _, left, (rc, data, errors, messages) = undone
-    assert rc == ExitCode.OK, errors
-    assert data["hosts"][NAME]["changed"] == 0, data["changes"]  # twice is harmless: nothing left to restore
-    assert list(data["reboot"]["reboot"]) == [NAME] and data["reboot"]["pending"] == {}, data["reboot"]
-    assert data["rebooted"]["hosts"][NAME]["failed"] == 0
-    assert [m.split(":")[0] for m in messages] == [f"rebooted {NAME}"], messages
-    assert boot_id(vm_server) != left["boot_id"]
-    assert "hugepagesz=" not in ssh(vm_server, "cat /proc/cmdline")
-    assert ssh(vm_server, f"cat {HUGEPAGES_1G}").strip() == "0"
-    assert re.search(r"(?m)^Hugetlb:\s+0 kB$", ssh(vm_server, "cat /proc/meminfo"))  # no page of any size
 
 
 def test_a_vm_that_does_not_answer_in_time_is_stopped_and_removed(vm_requirements):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,3 +53,25 @@ def booted(name: str, times: dict[str, float], label: str, **options: object) ->
     finally:
         lab.down(name)
         print(f"\n{label} (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
+
+
+def assert_data_array(server: lab.LabServer, level: str, drives: list[str], chunk_kb: int, data_drives: int) -> dict:
+    """/dev/md/data as the storage role builds it: LEVEL on DRIVES with CHUNK_KB, XFS aligned to it
+    (stripe unit = chunk, width = chunk x DATA_DRIVES, in 4 KiB blocks), mounted on /data by the
+    filesystem's UUID from one fstab line, and one ARRAY line naming it in mdadm.conf.
+    Returns mdadm's detail, the filesystem's UUID, the fstab line's fields and the ARRAY line."""
+    detail = ssh(server, "mdadm --detail /dev/md/data")
+    assert f"Raid Level : {level}" in detail and re.search(rf"Raid Devices : {len(drives)}\b", detail), detail
+    assert f"Chunk Size : {chunk_kb}K" in detail, detail
+    members = ssh(server, "for d in " + " ".join(drives) + "; do readlink -f $d; done").split()
+    assert all(m in detail for m in members), (members, detail)
+    xfs = ssh(server, "xfs_info /data")
+    sunit, swidth = (int(x) for x in re.search(r"sunit=(\d+)\s+swidth=(\d+) blks", xfs).groups())
+    assert (sunit, swidth) == (chunk_kb // 4, data_drives * chunk_kb // 4), xfs
+    uuid = ssh(server, "blkid -s UUID -o value /dev/md/data").strip()
+    fstab = [line.split() for line in ssh(server, "cat /etc/fstab").splitlines() if "/data" in line]
+    assert len(fstab) == 1 and fstab[0][0] == f"UUID={uuid}" and fstab[0][2] == "xfs", fstab
+    md_uuid = re.search(r"UUID : (\S+)", detail).group(1)
+    arrays = [line for line in ssh(server, "cat /etc/mdadm/mdadm.conf").splitlines() if line.startswith("ARRAY")]
+    assert arrays == [f"ARRAY /dev/md/data metadata=1.2 UUID={md_uuid}"], arrays
+    return {"detail": detail, "uuid": uuid, "fstab": fstab[0], "array": arrays[0]}
