@@ -281,6 +281,14 @@ def smoke(
             help="Only the distributed trials on the Ray cluster (role ray), from its head: every node vs the head alone.",
         ),
     ] = False,
+    config_only: Annotated[
+        bool,
+        typer.Option(
+            "--config-only",
+            help="No workload, only the configuration checks (threads, THP, governor, data mount): seconds, no ML "
+            "environment needed; nothing kept as the last run.",
+        ),
+    ] = False,
     extra_vars: ExtraVars = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
@@ -302,6 +310,7 @@ def smoke(
             accept_new_host_keys=accept_new_host_keys,
             on_progress=on_progress,
             html=html,
+            config_only=config_only,
         ),
         render.smoke_run,
         progress=True,

@@ -318,16 +318,34 @@ def measure(
     accept_new_host_keys: bool = False,
     on_progress: ProgressCallback | None = None,
     html: Path | None = None,
+    config_only: bool = False,
 ) -> SmokeRun:
-    """Run playbooks/smoke.yml, judge every host's figures, keep them, write the HTML report."""
+    """Run playbooks/smoke.yml, judge every host's figures, keep them, write the HTML report.
+
+    `config_only` runs no workload, only the configuration checks: nothing is kept (the last
+    run with figures stays the one the next is compared with) and the HTML report is written
+    only where `html` asks for it."""
     from . import report, smoke
 
+    if config_only and baseline:
+        raise BadInput("--config-only checks the tuned configuration and a --baseline run has none: drop one of them")
+    if config_only and (extravars or {}).get("smoke_cluster"):
+        raise BadInput("--config-only runs no workload and --cluster is one: drop one of them")
+    if config_only and profile != "quick":
+        raise BadInput("--config-only runs no workload, so --full sizes nothing: drop one of them")
     extra = {**(extravars or {}), "smoke_profile": profile, "smoke_mode": "baseline" if baseline else "tuned"}
+    if config_only:
+        extra["smoke_config_only"] = True
     run = engine.run_playbook(
         "smoke.yml", inventory, limit=limit, extravars=extra, accept_new_host_keys=accept_new_host_keys, on_progress=on_progress
     )
-    reports = [smoke.judge(host, f["smoke_result"]) for host, f in sorted(run.facts.items()) if f.get("smoke_result")]
-    out = report.write_html(reports, html or smoke.default_html()) if reports else None
+    reports = [
+        smoke.judge(host, f["smoke_result"], keep=not config_only)
+        for host, f in sorted(run.facts.items())
+        if f.get("smoke_result")
+    ]
+    wanted = html or (None if config_only else smoke.default_html())
+    out = report.write_html(reports, wanted) if reports and wanted else None
     return SmokeRun(run, reports, out)
 
 
@@ -336,7 +354,12 @@ def smoke(inventory: Path | None, **kwargs: Any) -> Result[SmokeRun]:
     then publish the tuned figures as metrics (see `publish_metrics`)."""
     inv = engine.resolve_inventory(inventory)
     result = measure(inv, **kwargs)
-    published, notes = publish_metrics(inv, result.reports, accept_new_host_keys=kwargs.get("accept_new_host_keys", False))
+    # The configuration checks alone have no figures: the metrics of the last measured run stay.
+    published, notes = (
+        (None, ())
+        if kwargs.get("config_only")
+        else publish_metrics(inv, result.reports, accept_new_host_keys=kwargs.get("accept_new_host_keys", False))
+    )
     messages = ((f"report: {result.html}",) if result.html else ()) + notes
     errors = (*result.run.errors, *(published.errors if published else ()))
     code = first_failure((result.exit_code, published.exit_code if published else None))

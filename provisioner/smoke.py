@@ -491,8 +491,9 @@ def config_checks(raw: dict[str, Any]) -> list[Check]:
                 "configuration",
                 "data mount",
                 INFO,
-                f"no data mount at {requested}: the Parquet workload ran on {mount.get('target')} "
-                f"({mount.get('fstype')} on {mount.get('source')})",
+                f"no data mount at {requested}: "
+                + ("the Parquet workload ran on" if "parquet" in raw.get("results", {}) else "work files go to")
+                + f" {mount.get('target')} ({mount.get('fstype')} on {mount.get('source')})",
             )
         )
     return out

@@ -709,11 +709,22 @@ def test_a_bad_price_is_refused_before_any_host_is_reached(extra, says):
     assert str(next(iter(extra.values()))).split(":")[0].strip("{'") in msg  # the value refused
 
 
+def test_the_configuration_alone_in_baseline_mode_is_refused_before_any_host_is_reached():
+    r = _options_play({"smoke_config_only": True})  # baseline mode: no tuned configuration to check
+    assert r.returncode != 0, r.stdout[-3000:]
+    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
+    failed = [(t["task"]["name"], h) for t in tasks for h in t["hosts"].values() if h.get("failed")]
+    assert [(name, bool(h.get("unreachable"))) for name, h in failed] == [("smoke : Check smoke_config_only", False)]
+    msg = failed[0][1]["msg"]
+    assert msg.startswith("smoke_config_only checks the tuned configuration and runs no workload: not with smoke_mode=baseline")
+    assert "\n" not in msg.strip(), msg
+
+
 def test_a_good_price_passes_the_option_checks():
     r = _options_play({"smoke_price_per_month": 450, "smoke_cloud_prices": {"c5.4xlarge": 0.68, "mine": 1}})
     tasks = json.loads(r.stdout)["plays"][0]["tasks"]
     checks = [t for t in tasks if t["task"]["name"].startswith("smoke : Check smoke_")]
-    assert len(checks) == 2 and not any(h.get("failed") for t in checks for h in t["hosts"].values())
+    assert len(checks) == 3 and not any(h.get("failed") for t in checks for h in t["hosts"].values())
 
 
 def test_the_throwaway_servers_workers_come_from_the_plan_or_the_naive_setup(script):
@@ -764,3 +775,30 @@ def test_free_ports_are_consecutive_and_free(script):
     for port in range(base, base + 3):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_a_config_only_run_measures_no_workload_and_needs_no_ml_environment(tmp_path):
+    """The script for real on this machine, with an ML environment's python that does not exist:
+    the configuration and the host's load are read, no workload starts, and only those checks come out."""
+    import os
+    import sys
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"values": {"threads_per_job": 3, "thp_enabled": "never"}}))
+    user = __import__("pwd").getpwuid(os.getuid()).pw_name
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "roles/smoke/files/provisioner_smoke.py"), "run", "--python", str(tmp_path / "no/python"),
+         "--mode", "tuned", "--plan", str(plan), "--user", user, "--data-dir", str(tmp_path / "nowhere"), "--config-only"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    raw = json.loads(r.stdout)
+    assert raw["results"] == {} and raw["plan"]["threads_per_job"] == 3
+    assert {"login_shell", "systemd_service", "thp", "governor", "data_mount"} <= set(raw["config"])
+    judged = smoke.evaluate(raw)
+    assert {c.group for c in judged.checks} == {"host", "configuration"} and judged.workloads == {}
+    checks = {c.id: c for c in judged.checks}
+    # The plan's 3 threads are nowhere in this machine's login shell: the check says so.
+    assert checks["config.threads.login_shell"].status == smoke.FAIL
+    assert "the plan says 3 (role thread_env)" in checks["config.threads.login_shell"].reason
+    assert checks["config.data_mount"].reason.startswith(f"no data mount at {tmp_path / 'nowhere'}: work files go to ")

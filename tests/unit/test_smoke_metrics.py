@@ -4,6 +4,7 @@ own text parser), that only tuned runs are published, where they went, and that 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,35 @@ def test_publish_playbook_copies_into_the_textfile_directory_only_where_it_exist
         assert again is not None and again.hosts["box"].changed == 0, "the same figures again change nothing"
     else:
         assert "no textfile directory" in notes[0]
+
+
+def test_a_config_only_run_keeps_nothing_publishes_nothing_and_writes_no_default_report(engine_runs):
+    inv, results, calls = engine_runs
+    raw = json.loads((Path(__file__).parent / "data" / "smoke_raw_baseline.json").read_text())
+    raw |= {"mode": "tuned", "results": {}}
+    results["smoke.yml"] = run_of("smoke.yml", {"web1": {"smoke_result": raw}})
+    result = commands.smoke(inv, config_only=True)
+    (book, kwargs), = calls  # smoke.yml alone: no metrics run
+    assert book == "smoke.yml" and kwargs["extravars"]["smoke_config_only"] is True
+    assert kwargs["extravars"]["smoke_mode"] == "tuned"
+    (judged,) = result.value.reports
+    assert {c.group for c in judged.checks} <= {"host", "configuration"} and judged.checks
+    assert result.value.html is None and not smoke.default_html().exists()
+    assert not smoke.history_dir("web1").exists() or not list(smoke.history_dir("web1").glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"baseline": True}, "--config-only checks the tuned configuration and a --baseline run has none"),
+        ({"extravars": {"smoke_cluster": True}}, "--config-only runs no workload and --cluster is one"),
+        ({"profile": "full"}, "--config-only runs no workload, so --full sizes nothing"),
+    ],
+)
+def test_config_only_with_a_workload_option_is_refused_before_any_run(engine_runs, kwargs, says):
+    from provisioner.errors import BadInput
+
+    inv, _, calls = engine_runs
+    with pytest.raises(BadInput, match=says):
+        commands.smoke(inv, config_only=True, **kwargs)
+    assert calls == []

@@ -407,7 +407,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runner = Runner(args, script, workdir, threads, trials)
         runner.serving_plan = serving_plan
         runner.plan = plan
-        chosen = [t for t in TASKS if not args.only or t in args.only] + [t for t in CLUSTER_TASKS if t in (args.only or ())]
+        chosen = [] if args.config_only else (
+            [t for t in TASKS if not args.only or t in args.only] + [t for t in CLUSTER_TASKS if t in (args.only or ())])
         for task in chosen:
             t0 = time.monotonic()
             if task == "gemm":
@@ -2048,6 +2049,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--data-dir", default=None, help="the data mount; /var/tmp when it is not a mount point")
     r.add_argument("--plan", default=PLAN_FILE)
     r.add_argument("--only", nargs="*", choices=TASKS + CLUSTER_TASKS, help="only these workloads")
+    r.add_argument("--config-only", action="store_true",
+                   help="no workload: only the configuration (threads, THP, governor, data mount) and the host's load")
     r.add_argument("--ray-config", default=RAY_CONFIG, help="the Ray node's configuration (role ray), for the cluster run")
     r.add_argument("--serve-script", default=None,
                    help="the model server (roles/serving/files/provisioner_serve.py; default: next to this script)")
