@@ -3,15 +3,10 @@ run on this machine before anything changes."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
-
+from playbook_cases import Run, local_host, run_cases
 from plugin_code import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,53 +33,54 @@ def test_m_is_minutes_and_capital_m_months():
     assert timespan("5m") == 300 and timespan("5M") == 5 * 2629800
 
 
-def _preflight(extra: dict) -> subprocess.CompletedProcess:
-    bindir = Path(sys.executable).parent
-    args = [str(bindir / "ansible-playbook"), "-i", "localhost,", "/dev/stdin",
-            "-e", json.dumps(extra), "-e", f"ansible_python_interpreter={sys.executable}"]
-    play = yaml.safe_dump([{
-        "name": "Preflight", "hosts": "localhost", "connection": "local", "gather_facts": False,
-        "tasks": [{"name": "Check the input of role monitoring",
-                   "ansible.builtin.include_role": {"name": "monitoring", "tasks_from": "preflight"}}],
-    }])
-    return subprocess.run(
-        args, input=play, cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
-             "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_LOCALHOST_WARNING": "false"},
-    )
+PREFLIGHT = [{
+    "name": "Preflight", "hosts": "all", "gather_facts": False,
+    "tasks": [{"name": "Check the input of role monitoring",
+               "ansible.builtin.include_role": {"name": "monitoring", "tasks_from": "preflight"}}],
+}]
+# One ansible-playbook run for all of them (playbook_cases): one host per case, its variables the
+# case's input.
+BAD_INPUT = [
+    ("monitoring_listen_address", "203.0.113.7", "monitoring_listen_address must be one of {host}'s own addresses"),
+    ("monitoring_listen_address", "0.0.0.0", "monitoring_listen_address must be one of {host}'s own addresses"),
+    ("monitoring_textfile_dir", "/etc/node-exporter", "monitoring_textfile_dir must be a directory under /var/lib"),
+    ("monitoring_textfile_dir", "/var/lib/../etc", "monitoring_textfile_dir must be a directory under /var/lib"),
+    ("monitoring_textfile_dir", "/var/lib", "monitoring_textfile_dir must be a directory under /var/lib"),
+    ("monitoring_status_interval", "30s", "monitoring_status_interval must be a systemd time span of one minute or more"),
+    ("monitoring_status_interval", "hourly", "monitoring_status_interval must be a systemd time span of one minute or more"),
+    ("monitoring_port", 0, "monitoring_port must be 1..65535"),
+    ("monitoring_collectors", ["cpufreq", "--web.listen-address=:9100"], "monitoring_collectors must list"),
+]
+CASE_HOSTS = {f"bad{i}": local_host({option: value}) for i, (option, value, _) in enumerate(BAD_INPUT)}
+GOOD = "good"
 
 
-def _refusals(r: subprocess.CompletedProcess) -> list[tuple[str, str]]:
-    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
-    return [(t["task"]["name"], t["hosts"]["localhost"]["msg"]) for t in tasks if t["hosts"]["localhost"].get("failed")]
+@pytest.fixture(scope="module")
+def preflight_run(tmp_path_factory):
+    good = {"monitoring_listen_address": "::1", "monitoring_status_interval": "1min",
+            "monitoring_textfile_dir": "/var/lib/node-textfile"}
+    return run_cases(tmp_path_factory, "monitoring-preflight", PREFLIGHT, {**CASE_HOSTS, GOOD: local_host(good)}, cwd=ROOT)
 
 
-@pytest.mark.parametrize(
-    ("option", "value", "says"),
-    [
-        ("monitoring_listen_address", "203.0.113.7", "monitoring_listen_address must be one of localhost's own addresses"),
-        ("monitoring_listen_address", "0.0.0.0", "monitoring_listen_address must be one of localhost's own addresses"),
-        ("monitoring_textfile_dir", "/etc/node-exporter", "monitoring_textfile_dir must be a directory under /var/lib"),
-        ("monitoring_textfile_dir", "/var/lib/../etc", "monitoring_textfile_dir must be a directory under /var/lib"),
-        ("monitoring_textfile_dir", "/var/lib", "monitoring_textfile_dir must be a directory under /var/lib"),
-        ("monitoring_status_interval", "30s", "monitoring_status_interval must be a systemd time span of one minute or more"),
-        ("monitoring_status_interval", "hourly", "monitoring_status_interval must be a systemd time span of one minute or more"),
-        ("monitoring_port", 0, "monitoring_port must be 1..65535"),
-        ("monitoring_collectors", ["cpufreq", "--web.listen-address=:9100"], "monitoring_collectors must list"),
-    ],
-)
-def test_bad_input_is_refused_in_one_line_naming_the_option(option, value, says):
-    r = _preflight({option: value})
-    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-2000:]
-    refusals = _refusals(r)
+def _refusals(run: Run, host: str) -> list[tuple[str, str]]:
+    return [(name, result["msg"]) for name, result in run.failed(host)]
+
+
+def test_a_run_with_bad_input_fails(preflight_run):
+    assert preflight_run.returncode == 2, preflight_run.tail()
+
+
+@pytest.mark.parametrize(("host", "option", "value", "says"), [(h, *case) for h, case in zip(CASE_HOSTS, BAD_INPUT, strict=True)],
+                         ids=list(CASE_HOSTS))
+def test_bad_input_is_refused_in_one_line_naming_the_option(preflight_run, host, option, value, says):
+    refusals = _refusals(preflight_run, host)
     assert len(refusals) == 1, refusals
     task, msg = refusals[0]
     assert task == f"monitoring : Check {option}"
-    assert msg.startswith(says) and "\n" not in msg.strip(), msg
+    assert msg.startswith(says.format(host=host)) and "\n" not in msg.strip(), msg
     assert str(value) in msg
 
 
-def test_good_input_passes_the_preflight():
-    r = _preflight({"monitoring_listen_address": "::1", "monitoring_status_interval": "1min",
-                    "monitoring_textfile_dir": "/var/lib/node-textfile"})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+def test_good_input_passes_the_preflight(preflight_run):
+    stats = preflight_run.stats(GOOD)
+    assert stats["failures"] == 0 and stats["unreachable"] == 0 and stats["ok"] > 0, preflight_run.tail()
