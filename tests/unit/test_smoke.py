@@ -662,44 +662,46 @@ def test_no_price_no_cost_view_and_a_price_change_is_no_regression(served):
     assert not by_id(now)["cost.serving.host"].regression
 
 
-def _options_play(extra: dict) -> subprocess.CompletedProcess:
-    """The smoke role's option checks as the input check runs them (control node only)."""
-    import os
-    import sys
-
-    import yaml
-
-    bindir = Path(sys.executable).parent
-    play = yaml.safe_dump([{
-        "name": "Input", "hosts": "all", "gather_facts": False,
-        "tasks": [{"name": "Check the input of role smoke",
-                   "ansible.builtin.include_role": {"name": "smoke", "tasks_from": "preflight"}}],
-    }])
-    # A host that does not exist: a refusal must come before anything reaches it.
-    return subprocess.run(
-        [str(bindir / "ansible-playbook"), "-i", "unreachable.invalid,", "/dev/stdin", "-e", json.dumps(extra),
-         "-e", "smoke_mode=baseline"],
-        input=play, cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
-             "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"},
-    )
+# The smoke role's option checks as the input check runs them (control node only), for all the
+# cases below in one ansible-playbook run (playbook_cases): one host per case, its variables the
+# case's input. The hosts do not exist: a refusal must come before anything reaches them.
+OPTIONS_PLAY = [{
+    "name": "Input", "hosts": "all", "gather_facts": False,
+    "tasks": [{"name": "Check the input of role smoke",
+               "ansible.builtin.include_role": {"name": "smoke", "tasks_from": "preflight"}}],
+}]
+BAD_PRICES = [
+    ({"smoke_price_per_month": "cheap"}, "smoke_price_per_month must be the host's price per month in dollars"),
+    ({"smoke_price_per_month": -120}, "smoke_price_per_month must be the host's price per month in dollars"),
+    ({"smoke_price_per_month": 0}, "smoke_price_per_month must be the host's price per month in dollars"),
+    ({"smoke_cloud_prices": {"c5.4xlarge": "a lot"}}, "smoke_cloud_prices must map instance names"),
+    ({"smoke_cloud_prices": {"c5.4xlarge": -1}}, "smoke_cloud_prices must map instance names"),
+]
+PRICE_HOSTS = {f"price{i}.invalid": extra for i, (extra, _) in enumerate(BAD_PRICES)}
+CONFIG_ONLY = "config-only.invalid"  # baseline mode: no tuned configuration to check
+GOOD_PRICE = "good-price.invalid"
 
 
-@pytest.mark.parametrize(
-    ("extra", "says"),
-    [
-        ({"smoke_price_per_month": "cheap"}, "smoke_price_per_month must be the host's price per month in dollars"),
-        ({"smoke_price_per_month": -120}, "smoke_price_per_month must be the host's price per month in dollars"),
-        ({"smoke_price_per_month": 0}, "smoke_price_per_month must be the host's price per month in dollars"),
-        ({"smoke_cloud_prices": {"c5.4xlarge": "a lot"}}, "smoke_cloud_prices must map instance names"),
-        ({"smoke_cloud_prices": {"c5.4xlarge": -1}}, "smoke_cloud_prices must map instance names"),
-    ],
-)
-def test_a_bad_price_is_refused_before_any_host_is_reached(extra, says):
-    r = _options_play(extra)
-    assert r.returncode != 0, r.stdout[-3000:]
-    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
-    failed = [(t["task"]["name"], h) for t in tasks for h in t["hosts"].values() if h.get("failed")]
+@pytest.fixture(scope="module")
+def options_run(tmp_path_factory):
+    from playbook_cases import run_cases
+
+    hosts = {
+        **PRICE_HOSTS,
+        CONFIG_ONLY: {"smoke_config_only": True},
+        GOOD_PRICE: {"smoke_price_per_month": 450, "smoke_cloud_prices": {"c5.4xlarge": 0.68, "mine": 1}},
+    }
+    return run_cases(tmp_path_factory, "smoke-options", OPTIONS_PLAY, hosts, cwd=ROOT, args=["-e", "smoke_mode=baseline"])
+
+
+def test_a_run_with_bad_options_fails(options_run):
+    assert options_run.returncode != 0, options_run.tail()
+
+
+@pytest.mark.parametrize(("host", "extra", "says"), [(h, *case) for h, case in zip(PRICE_HOSTS, BAD_PRICES, strict=True)],
+                         ids=list(PRICE_HOSTS))
+def test_a_bad_price_is_refused_before_any_host_is_reached(options_run, host, extra, says):
+    failed = options_run.failed(host)
     assert len(failed) == 1, failed
     name, result = failed[0]
     assert not result.get("unreachable")
@@ -709,22 +711,17 @@ def test_a_bad_price_is_refused_before_any_host_is_reached(extra, says):
     assert str(next(iter(extra.values()))).split(":")[0].strip("{'") in msg  # the value refused
 
 
-def test_the_configuration_alone_in_baseline_mode_is_refused_before_any_host_is_reached():
-    r = _options_play({"smoke_config_only": True})  # baseline mode: no tuned configuration to check
-    assert r.returncode != 0, r.stdout[-3000:]
-    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
-    failed = [(t["task"]["name"], h) for t in tasks for h in t["hosts"].values() if h.get("failed")]
+def test_the_configuration_alone_in_baseline_mode_is_refused_before_any_host_is_reached(options_run):
+    failed = options_run.failed(CONFIG_ONLY)
     assert [(name, bool(h.get("unreachable"))) for name, h in failed] == [("smoke : Check smoke_config_only", False)]
     msg = failed[0][1]["msg"]
     assert msg.startswith("smoke_config_only checks the tuned configuration and runs no workload: not with smoke_mode=baseline")
     assert "\n" not in msg.strip(), msg
 
 
-def test_a_good_price_passes_the_option_checks():
-    r = _options_play({"smoke_price_per_month": 450, "smoke_cloud_prices": {"c5.4xlarge": 0.68, "mine": 1}})
-    tasks = json.loads(r.stdout)["plays"][0]["tasks"]
-    checks = [t for t in tasks if t["task"]["name"].startswith("smoke : Check smoke_")]
-    assert len(checks) == 3 and not any(h.get("failed") for t in checks for h in t["hosts"].values())
+def test_a_good_price_passes_the_option_checks(options_run):
+    checks = [(name, h) for name, h in options_run.results(GOOD_PRICE) if name.startswith("smoke : Check smoke_")]
+    assert len(checks) == 3 and not any(h.get("failed") for _, h in checks)
 
 
 def test_the_throwaway_servers_workers_come_from_the_plan_or_the_naive_setup(script):
