@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import playbook_cases
 import plugin_code
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE_PATH = plugin_code.PLUGINS / "modules" / "provisioner_facts.py"
@@ -523,12 +525,28 @@ def test_module_through_ansible_adhoc(tmp_path):
     assert facts["schema"] == 1 and facts["cpu"]["cores"] >= 1 and facts["memory"]["total_bytes"] > 0
 
 
-@needs_ansible
-@pytest.mark.parametrize("check", [False, True], ids=["normal", "check"])
-def test_plan_role_through_ansible_playbook(tmp_path, check):
-    proc, out = _run_playbook(tmp_path, *(["--check"] if check else []), "-e", "plan_thp=always")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    plan = json.loads(out.read_text())
+# The plan of this machine and the bad options of each case below in one ansible-playbook run
+# (playbook_cases): one host per case, its variables the case's input (strings, as -e KEY=VALUE
+# gives them). Each host writes its plan to its own file. Check mode is a run of its own.
+NORMAL = "normal"
+BAD_OPTIONS = {
+    "zero": ({"plan_trials": "0"}, "plan_trials must be 1 or more (got 0)"),
+    "above-cores": ({"plan_trials": "100000"}, "plan_allow_oversubscription: true"),
+    "typo": ({"plan_trails": "3"}, "unknown plan option plan_trails; known: plan_trials"),
+}
+CASES_PLAYBOOK = yaml.safe_load(PLAYBOOK.format(out="{{ cases_dir }}/{{ inventory_hostname }}.json"))
+
+
+@pytest.fixture(scope="module")
+def plan_run(tmp_path_factory):
+    hosts = {NORMAL: {"plan_thp": "always"}, **{name: variables for name, (variables, _) in BAD_OPTIONS.items()}}
+    return playbook_cases.run_cases(
+        tmp_path_factory, "plan-role", CASES_PLAYBOOK, {h: playbook_cases.local_host(v) for h, v in hosts.items()},
+        env=lambda workdir: {**_ansible_env(workdir), "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"},
+    )
+
+
+def _assert_the_plan_of_this_machine(plan: dict) -> None:
     values = plan["values"]
     cores = pf.gather()["cpu"]["cores"]
     assert values["threads_per_job"] == cores
@@ -538,27 +556,38 @@ def test_plan_role_through_ansible_playbook(tmp_path, check):
     assert values["openmp_runtime"] == "libgomp"
     assert all(s["reason"] for s in plan["settings"])
     assert plan["storage"]["confirmed"] is False
+
+
+@needs_ansible
+def test_plan_role_through_ansible_playbook(plan_run):
+    stats = plan_run.stats(NORMAL)
+    assert stats["failures"] == 0 and stats["unreachable"] == 0, plan_run.tail()
+    _assert_the_plan_of_this_machine(json.loads((Path(plan_run.workdir) / f"{NORMAL}.json").read_text()))
+
+
+@needs_ansible
+def test_plan_role_through_ansible_playbook_in_check_mode(tmp_path):
+    proc, out = _run_playbook(tmp_path, "--check", "-e", "plan_thp=always")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    _assert_the_plan_of_this_machine(json.loads(out.read_text()))
     recap = proc.stdout[proc.stdout.rindex("PLAY RECAP"):]
     assert "failed=0" in recap
 
 
 @needs_ansible
-@pytest.mark.parametrize(
-    ("extra", "reason"),
-    [
-        (["-e", "plan_trials=0"], "plan_trials must be 1 or more (got 0)"),
-        (["-e", "plan_trials=100000"], "plan_allow_oversubscription: true"),
-        (["-e", "plan_trails=3"], "unknown plan option plan_trails; known: plan_trials"),
-    ],
-    ids=["zero", "above-cores", "typo"],
-)
-def test_plan_role_refuses_bad_options_with_one_line(tmp_path, extra, reason):
-    proc, out = _run_playbook(tmp_path, *extra)
-    assert proc.returncode == 2, proc.stdout[-4000:]
-    assert not out.exists()
-    failed = [line for line in proc.stdout.splitlines() if line.startswith("fatal:")]
-    assert len(failed) == 1, proc.stdout[-4000:]
-    message = json.loads(failed[0].split("=>", 1)[1])["msg"]
+def test_a_run_with_bad_plan_options_fails(plan_run):
+    assert plan_run.returncode == 2, plan_run.tail()
+
+
+@needs_ansible
+@pytest.mark.parametrize(("host", "reason"), [(h, reason) for h, (_, reason) in BAD_OPTIONS.items()], ids=list(BAD_OPTIONS))
+def test_plan_role_refuses_bad_options_with_one_line(plan_run, host, reason):
+    assert not (Path(plan_run.workdir) / f"{host}.json").exists()
+    failed = plan_run.failed(host)
+    assert len(failed) == 1, plan_run.tail()
+    name, result = failed[0]
+    assert name == "plan : Derive the tuning plan"
+    message = result["msg"]
     assert reason in message
     assert "\n" not in message
 
