@@ -4,34 +4,47 @@ a backslash is refused naming the option."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import plugin_code
 import pytest
-import yaml
+from playbook_cases import local_host, run_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-@pytest.mark.parametrize(
-    ("conf", "refused"),
-    [("background_thread:true,dirty_decay_ms:10000", False), ("a b", True), ('a"b', True), ("a\\b", True)],
-)
-def test_malloc_conf_is_one_option_string(tmp_path, conf, refused):
-    book = tmp_path / "play.yml"
-    book.write_text(yaml.safe_dump([{"name": "Preflight", "hosts": "localhost", "connection": "local", "gather_facts": False,
-                                     "tasks": [{"ansible.builtin.include_role": {"name": "allocator", "tasks_from": "preflight"}}]}]))
-    extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps({"allocator_malloc_conf": conf}))
+# All cases in one ansible-playbook run (playbook_cases): one host per case, its variables the
+# case's input.
+CASES = [("background_thread:true,dirty_decay_ms:10000", False), ("a b", True), ('a"b', True), ("a\\b", True)]
+HOSTS = {f"conf{i}": conf for i, (conf, _) in enumerate(CASES)}
+SAYS = "allocator_malloc_conf must be one jemalloc option string"
+
+
+@pytest.fixture(scope="module")
+def preflight_run(tmp_path_factory):
+    play = [{"name": "Preflight", "hosts": "all", "gather_facts": False,
+             "tasks": [{"ansible.builtin.include_role": {"name": "allocator", "tasks_from": "preflight"}}]}]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
            "ANSIBLE_FILTER_PLUGINS": str(plugin_code.PLUGINS / "filter"), "ANSIBLE_LOCALHOST_WARNING": "false",
-           "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false", "ANSIBLE_PYTHON_INTERPRETER": sys.executable, "ANSIBLE_NOCOLOR": "1"}
-    r = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-e", f"@{extra}", str(book)],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert (r.returncode != 0) == refused, r.stdout[-2000:]
-    assert ("allocator_malloc_conf must be one jemalloc option string" in r.stdout) == refused, r.stdout[-2000:]
+           "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false", "ANSIBLE_PYTHON_INTERPRETER": sys.executable, "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"}
+    hosts = {h: local_host({"allocator_malloc_conf": conf}) for h, conf in HOSTS.items()}
+    return run_cases(tmp_path_factory, "allocator-preflight", play, hosts, env=lambda workdir: env)
+
+
+def test_a_run_with_a_refused_option_fails(preflight_run):
+    assert preflight_run.returncode == 2, preflight_run.tail()
+
+
+@pytest.mark.parametrize(("host", "conf", "refused"), [(h, *case) for h, case in zip(HOSTS, CASES, strict=True)],
+                         ids=list(HOSTS))
+def test_malloc_conf_is_one_option_string(preflight_run, host, conf, refused):
+    stats = preflight_run.stats(host)
+    assert (stats["failures"] + stats["unreachable"] != 0) == refused, preflight_run.tail()
+    said = [result["msg"] for _, result in preflight_run.results(host) if SAYS in str(result.get("msg", ""))]
+    assert bool(said) == refused, preflight_run.tail()
+    if refused:
+        assert f"(got {conf})" in said[0]
