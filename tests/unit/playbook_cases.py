@@ -11,7 +11,8 @@ or stops them all (any_errors_fatal, max_fail_percentage) would mix the cases: t
 these runs cover use neither.
 
 With pytest-xdist the cases of one module may land on both workers: the first to ask runs the
-play, the other waits for it and reads its result from the session's shared temporary directory.
+play, the other waits for it and reads its result from the session's shared temporary directory
+(once(), also for runs made another way).
 """
 
 from __future__ import annotations
@@ -94,6 +95,24 @@ def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+def once(tmp_path_factory: pytest.TempPathFactory, key: str, make: Callable[[Path], dict]) -> dict:
+    """MAKE(DIR)'s result (JSON), made once per test session for KEY, whichever xdist worker asks
+    first; DIR is its own directory in the session's shared temporary directory."""
+    shared = _shared_dir(tmp_path_factory)
+    done = shared / f"{key}.json"
+    with open(shared / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return json.loads(done.read_text())
+        workdir = shared / key
+        workdir.mkdir()
+        result = make(workdir)
+        part = done.with_suffix(".part")
+        part.write_text(json.dumps(result))
+        part.rename(done)
+        return result
+
+
 def run_cases(
     tmp_path_factory: pytest.TempPathFactory,
     name: str,
@@ -111,14 +130,8 @@ def run_cases(
     """
     inputs = json.dumps([play, hosts, list(args)], sort_keys=True, default=str)
     key = f"{name}-{hashlib.sha256(inputs.encode()).hexdigest()[:12]}"
-    shared = _shared_dir(tmp_path_factory)
-    done = shared / f"{key}.json"
-    with open(shared / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
-            return Run(**json.loads(done.read_text()))
-        workdir = shared / key
-        workdir.mkdir()
+
+    def make(workdir: Path) -> dict:
         inventory = workdir / "inventory.json"
         inventory.write_text(json.dumps({"all": {"hosts": {h: dict(v) for h, v in hosts.items()}}}, indent=1))
         playbook = workdir / "play.yml"
@@ -131,8 +144,6 @@ def run_cases(
             timeout=600,
             env=env(workdir),
         )
-        run = Run(proc.returncode, proc.stdout, proc.stderr, list(hosts), str(workdir))
-        part = done.with_suffix(".part")
-        part.write_text(json.dumps(asdict(run)))
-        part.rename(done)
-        return run
+        return asdict(Run(proc.returncode, proc.stdout, proc.stderr, list(hosts), str(workdir)))
+
+    return Run(**once(tmp_path_factory, key, make))
