@@ -160,26 +160,54 @@ def test_up_publishes_after_its_smoke_test(engine_runs, monkeypatch):
                                f"kept in {smoke.history_dir('web1') / 'provisioner_smoke.prom'}",)
 
 
-@pytest.mark.parametrize("deployed", [True, False])
-def test_publish_playbook_copies_into_the_textfile_directory_only_where_it_exists(tmp_path, monkeypatch, deployed):
-    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
-    textfile = tmp_path / "node-exporter"
-    if deployed:
-        textfile.mkdir()
-    inv = tmp_path / "hosts.yml"
-    host = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-            "monitoring_textfile_dir": str(textfile)}
-    inv.write_text(yaml.safe_dump({"all": {"hosts": {"box": host}}}))
-    run, notes = commands.publish_metrics(inv, [report("box")])
-    assert run is not None and run.exit_code == ExitCode.OK, run.errors
+# Both cases in one publish run (and one more, the same figures again): a host each.
+PUBLISHED = {"deployed": True, "not-deployed": False}
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    from playbook_cases import once
+
+    def publish(tmp: Path) -> dict:
+        hosts = {}
+        for name, deployed in PUBLISHED.items():
+            (tmp / name).mkdir()
+            if deployed:
+                (tmp / name / "node-exporter").mkdir()
+            hosts[name] = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                           "monitoring_textfile_dir": str(tmp / name / "node-exporter")}
+        inv = tmp / "hosts.yml"
+        inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PROVISIONER_STATE_DIR", str(tmp / "state"))
+            run, notes = commands.publish_metrics(inv, [report(name) for name in PUBLISHED])
+            again, _ = commands.publish_metrics(inv, [report(name) for name in PUBLISHED])
+        assert run is not None and again is not None
+        return {"dir": str(tmp), "exit_code": int(run.exit_code), "errors": list(run.errors),
+                "failed": {h: r.failed + r.unreachable for h, r in run.hosts.items()},
+                "notes": dict(zip(PUBLISHED, notes, strict=True)), "changed_again": {h: r.changed for h, r in again.hosts.items()}}
+
+    return once(tmp_path_factory, "smoke-metrics-publish", publish)
+
+
+def test_the_publish_run_succeeds(published):
+    assert published["exit_code"] == ExitCode.OK, published["errors"]
+
+
+@pytest.mark.parametrize("host", list(PUBLISHED))
+def test_publish_playbook_copies_into_the_textfile_directory_only_where_it_exists(published, host):
+    deployed = PUBLISHED[host]
+    textfile = Path(published["dir"]) / host / "node-exporter"
+    assert published["failed"][host] == 0, published["errors"]
     assert (textfile / "provisioner_smoke.prom").exists() == deployed
+    note = published["notes"][host]
+    assert note.startswith(f"smoke metrics of {host}: ")
     if deployed:
-        assert samples((textfile / "provisioner_smoke.prom").read_text()) == samples(metrics.smoke_text(report("box")))
-        assert f"box:{textfile}/provisioner_smoke.prom" in notes[0]
-        again, _ = commands.publish_metrics(inv, [report("box")])
-        assert again is not None and again.hosts["box"].changed == 0, "the same figures again change nothing"
+        assert samples((textfile / "provisioner_smoke.prom").read_text()) == samples(metrics.smoke_text(report(host)))
+        assert f"{host}:{textfile}/provisioner_smoke.prom" in note
+        assert published["changed_again"][host] == 0, "the same figures again change nothing"
     else:
-        assert "no textfile directory" in notes[0]
+        assert "no textfile directory" in note
 
 
 def test_a_config_only_run_keeps_nothing_publishes_nothing_and_writes_no_default_report(engine_runs):
