@@ -377,45 +377,85 @@ def test_xfs_superblock_from_an_image(tmp_path):
 # --------------------------------------------------------------------------
 
 
-def render(tmp_path: Path, template: str, layout: dict, **extra) -> str:
-    """Render roles/storage/templates/TEMPLATE with Ansible's template module (check: no)."""
-    variables = {
-        "_storage_layout": layout,
-        "_storage_status": "skipped: no md driver in this kernel (/proc/mdstat absent) - nothing was created",
-        "_storage_check_prefix": "",
-        "storage_read_ahead_kb": 4096,
-        "storage_owner_group": "ml",
-        "storage_mount_mode": "2775",
-        "ansible_python_interpreter": sys.executable,
-        **yaml.safe_load((ROLE / "vars" / "main.yml").read_text()),
-        **extra,
+def _mdadm_layout() -> dict:
+    return ps.decide(spec(), two_blank())
+
+
+def _udev_md_layout() -> dict:
+    drives = [member("nvme0n1", A, wwid="eui.0025384b21406c01"), member("nvme1n1", B, serial="S7KGNU0X100002")]
+    return ps.decide(spec(), drives)
+
+
+def _udev_loops_layout() -> dict:
+    return ps.decide(spec("raid0", "btrfs"), [member("loop0"), member("loop1")])
+
+
+def _plan_layout() -> dict:
+    drives = two_blank()
+    drives[1].update(signatures=[{"type": "ext4", "label": "old"}], wipe_allowed=True)
+    layout = ps.decide(spec(), drives)
+    for m in layout["members"]:
+        m["contents"] = ps.describe_contents(m)
+    return layout
+
+
+# Each test's template and layout (the decisions are planned, the same each time), rendered by
+# Ansible's template module in one ansible-playbook run (playbook_cases): one host each. The
+# plan file names its host: gpu1.
+RENDERS = {
+    "mdadm-conf": ("mdadm.conf.j2", _mdadm_layout),
+    "udev-md": ("60-provisioner-storage.rules.j2", _udev_md_layout),
+    "udev-loops": ("60-provisioner-storage.rules.j2", _udev_loops_layout),
+    "gpu1": ("storage-plan.txt.j2", _plan_layout),
+}
+
+
+@pytest.fixture(scope="module")
+def render_run(tmp_path_factory):
+    from playbook_cases import local_env, local_host, run_cases
+
+    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+    hosts = {
+        host: local_host({
+            "_storage_layout": layout(),
+            "_storage_status": "skipped: no md driver in this kernel (/proc/mdstat absent) - nothing was created",
+            "_storage_check_prefix": "",
+            "storage_read_ahead_kb": 4096,
+            "storage_owner_group": "ml",
+            "storage_mount_mode": "2775",
+            **role_vars,
+            "case_template": str(ROLE / "templates" / template),
+        })
+        for host, (template, layout) in RENDERS.items()
     }
-    varfile = tmp_path / "vars.json"
-    varfile.write_text(json.dumps(variables))
-    dest = tmp_path / (template + ".out")
-    r = subprocess.run(
-        [str(VENV_BIN / "ansible"), "localhost", "-c", "local", "-i", "localhost,", "--playbook-dir", str(ROLE),
-         "-m", "ansible.builtin.template", "-a", f"src={ROLE / 'templates' / template} dest={dest} mode=0644",
-         "-e", f"@{varfile}"],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1"},
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    return dest.read_text()
+    play = [{"name": "Render", "hosts": "all", "gather_facts": False, "tasks": [{
+        "name": "Render the template",
+        "ansible.builtin.template": {"src": "{{ case_template }}", "dest": "{{ cases_dir }}/{{ inventory_hostname }}.out",
+                                     "mode": "0644"},
+    }]}]
+    return run_cases(tmp_path_factory, "storage-templates", play, hosts, cwd=REPO, env=lambda workdir: local_env())
 
 
-def test_mdadm_conf_line_rendered(tmp_path):
-    layout = ps.decide(spec(), two_blank())
-    text = render(tmp_path, "mdadm.conf.j2", layout)
+def test_the_templates_render(render_run):
+    assert render_run.returncode == 0, render_run.tail()
+
+
+def render(run, host: str) -> str:
+    """Host's template of roles/storage/templates rendered with its layout (check: no)."""
+    assert not run.failed(host), run.tail()
+    return (Path(run.workdir) / f"{host}.out").read_text()
+
+
+def test_mdadm_conf_line_rendered(render_run):
+    layout = _mdadm_layout()
+    text = render(render_run, "mdadm-conf")
     lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
     assert lines == [f"ARRAY /dev/md/data metadata=1.2 UUID={layout['md_uuid']}"]
 
 
-def test_udev_rule_rendered_for_md_and_btrfs(tmp_path):
-    drives = [member("nvme0n1", A, wwid="eui.0025384b21406c01"), member("nvme1n1", B, serial="S7KGNU0X100002")]
-    md = ps.decide(spec(), drives)
-    rules = [ln for ln in render(tmp_path, "60-provisioner-storage.rules.j2", md).splitlines()
-             if ln and not ln.startswith("#")]
+def test_udev_rule_rendered_for_md_and_btrfs(render_run):
+    md = _udev_md_layout()
+    rules = [ln for ln in render(render_run, "udev-md").splitlines() if ln and not ln.startswith("#")]
     assert rules == [
         'ACTION=="add|change", SUBSYSTEM=="block", ENV{DEVTYPE}=="disk", ATTRS{wwid}=="eui.0025384b21406c01", '
         'ATTR{queue/scheduler}="none"',
@@ -426,22 +466,16 @@ def test_udev_rule_rendered_for_md_and_btrfs(tmp_path):
         f'ACTION=="add|change", SUBSYSTEM=="block", KERNEL=="md*", ENV{{MD_UUID}}=="{md["md_uuid"]}", '
         'ATTR{queue/read_ahead_kb}="4096"',
     ]
-    loops = ps.decide(spec("raid0", "btrfs"), [member("loop0"), member("loop1")])
-    rules = [ln for ln in render(tmp_path, "60-provisioner-storage.rules.j2", loops).splitlines()
-             if ln and not ln.startswith("#")]
+    rules = [ln for ln in render(render_run, "udev-loops").splitlines() if ln and not ln.startswith("#")]
     assert rules == [
         f'ACTION=="add|change", SUBSYSTEM=="block", ENV{{DEVTYPE}}=="disk", KERNEL=="{k}", '
         'ATTR{queue/read_ahead_kb}="4096"' for k in ("loop0", "loop1")
     ]
 
 
-def test_plan_file_rendered_with_the_commands(tmp_path):
-    drives = two_blank()
-    drives[1].update(signatures=[{"type": "ext4", "label": "old"}], wipe_allowed=True)
-    layout = ps.decide(spec(), drives)
-    for m in layout["members"]:
-        m["contents"] = ps.describe_contents(m)
-    text = render(tmp_path, "storage-plan.txt.j2", layout, inventory_hostname="gpu1")
+def test_plan_file_rendered_with_the_commands(render_run):
+    layout = _plan_layout()
+    text = render(render_run, "gpu1")
     assert text.splitlines()[0] == (
         "# provisioner role storage on gpu1: skipped: no md driver in this kernel (/proc/mdstat absent) - nothing "
         "was created")
