@@ -10,14 +10,16 @@ What a container cannot show, proven here through `provisioner up` and `undo` th
 - a second run changes nothing, and with `--reboot` reboots the VM exactly once for the 1 GiB
   hugepages on the kernel command line (through grub: the VM boots from its disk);
 - after the reboot the array assembles under its name from the initramfs, the filesystem is
-  mounted again with a file's checksum intact, the 1 GiB page is reserved, and verify passes
-  with every live cpu_tuning check run (only the governor's skipped: no cpufreq driver here);
+  mounted again with a file's checksum intact, the 1 GiB page is reserved, verify passes
+  with every live cpu_tuning check run (only the governor's skipped: no cpufreq driver here),
+  and the smoke test's configuration checks (`smoke --config-only`: the plan's threads in a
+  login shell and a service, THP, the data mount) pass;
 - `undo --reboot` takes the 1 GiB pages off the kernel command line and reboots once, after
   which no 1 GiB page is reserved and the VM boots with its own tuning again.
 
 Software emulation (KVM does not run guests on every host, see provisioner/lab/vm.py) makes
 every task slow, so the runs use Mitogen (PROVISIONER_STRATEGY=mitogen) and only the three roles'
-tags. Times of the image build, the boot, each run and the reboots are printed (pytest -s).
+tags (the first run also common's configure phase and thread_env, for the configuration checks). Times of the image build, the boot, each run and the reboots are printed (pytest -s).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ pytestmark = pytest.mark.lab
 NAME = "vm-test"
 CHUNK_KB = 512
 TAGS = ("--tags", "storage,hugepages,cpu_tuning")
+# The first run also writes what the smoke test's configuration checks read after the reboot:
+# role common's ML user and recorded plan (its configure phase: the base packages are not what a
+# real kernel proves) and role thread_env's thread settings (a login shell, systemd's manager).
+FIRST_TAGS = ("--tags", "storage,hugepages,cpu_tuning,common_configure,thread_env")
 # One NUMA node: the plan leaves kernel.numa_balancing alone, so the run is told a value (the
 # kernel's own on one node is 0) to show that it is written live.
 NUMA_BALANCING = 1
@@ -66,12 +72,6 @@ def _vars(server: lab.LabServer) -> list[str]:
         "hugepages_size=1G",
         "-e",
         "hugepages_count=1",
-        # Role common (the ML group, the base packages) is not what a real kernel proves:
-        # the hugetlbfs mount and /data go to root's group instead.
-        "-e",
-        "hugepages_group=root",
-        "-e",
-        "storage_owner_group=root",
         "-e",
         f"cpu_tuning_numa_balancing={NUMA_BALANCING}",
     ]
@@ -111,7 +111,7 @@ def stock_tuning(vm_server):
 
 @pytest.fixture(scope="module")
 def first_up(vm_server, stock_tuning):
-    rc, data, errors, messages = cli_json("up", "-i", str(vm_server.inventory), *TAGS, "--no-verify", *_vars(vm_server))
+    rc, data, errors, messages = cli_json("up", "-i", str(vm_server.inventory), *FIRST_TAGS, "--no-verify", *_vars(vm_server))
     if data:
         TIMES["first run"], tasks = _run_seconds(data)
         TIMES["first run per task"] = TIMES["first run"] / max(tasks, 1)
@@ -210,7 +210,36 @@ def test_after_the_reboot_every_live_cpu_tuning_check_ran_and_passed(rebooted_up
 
 
 @pytest.fixture(scope="module")
-def undone(vm_server, rebooted_up):
+def config_after_reboot(vm_server, rebooted_up):
+    """`smoke --config-only` on the rebooted VM: the configuration as a job sees it (no ML
+    environment here: only the configuration checks, which need none)."""
+    assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
+    start = time.monotonic()
+    result = cli_json("smoke", "-i", str(vm_server.inventory), "--config-only")
+    TIMES["smoke --config-only"] = time.monotonic() - start
+    return result
+
+
+def test_after_the_reboot_the_smoke_tests_configuration_checks_pass(config_after_reboot):
+    rc, data, errors, _ = config_after_reboot
+    assert rc == ExitCode.OK, errors
+    checks = {c["id"]: c for c in data["hosts"][NAME]["checks"]}
+    assert {c["group"] for c in checks.values()} == {"host", "configuration"}, checks  # no workload ran
+    config = {cid: (c["status"], c["reason"]) for cid, c in checks.items() if c["group"] == "configuration"}
+    # The plan's threads in the ML user's login shell and in a service systemd started after the boot.
+    for where in ("login_shell", "systemd_service"):
+        assert config.pop(f"config.threads.{where}")[0] == "pass", checks
+    assert config.pop("config.thp.enabled") == ("pass", "madvise, as planned")
+    assert config.pop("config.thp.defrag")[0] in ("pass", "info"), checks
+    status, reason = config.pop("config.data_mount")
+    assert status == "pass" and re.fullmatch(r"xfs on /dev/md\d+ at /data", reason), reason
+    # TCG emulates no cpufreq driver: the one check that cannot run here, saying why.
+    assert config.pop("config.governor") == ("skip", "not applicable: no cpufreq driver")
+    assert config == {}
+
+
+@pytest.fixture(scope="module")
+def undone(vm_server, rebooted_up, config_after_reboot):
     """`undo --reboot` (the last run of the module) and what it left. Undo without --reboot, its
     pending-reboot message and the live values given back before any reboot are the unit tests'
     (test_undo.py) and this machine's own kernel's (tests/host): here, what only a real boot shows."""
