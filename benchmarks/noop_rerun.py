@@ -1,6 +1,6 @@
 """The no-op re-run of site.yml on one converged lab server, task by task.
 
-    .venv/bin/python benchmarks/noop_rerun.py [--server NAME] [--runs 3] [--keep]
+    .venv/bin/python benchmarks/noop_rerun.py [--server NAME] [--runs 3] [--keep] [--profile DIR]
 
 Boots a lab server (or takes the one named with --server, already up), converges it once with
 `provisioner up --no-verify --no-smoke` from the wheelhouse, then re-runs the same command
@@ -9,6 +9,10 @@ and range), the seconds ansible-playbook itself took, the task count (ok / skipp
 and the ten slowest tasks of the median run as profile_tasks measured them. Then times
 `provisioner status` on the converged server the same number of times (goal: 5 s per host for
 the status script).
+
+With --profile DIR, one more no-op run goes under cProfile: ansible-playbook itself (DIR/parent.out)
+and every worker it forks, one per task and host (DIR/w-PID.out); the top cumulative items of
+both are printed (the profiler slows the run, so its wall time is no figure of the others).
 
 Figures, never pass/fail: the lab server shares this machine's cores, so medians are printed.
 The strategy is provisioner's default (Mitogen); PROVISIONER_STRATEGY=linear measures Ansible's own.
@@ -38,8 +42,8 @@ CLI = [sys.executable, "-c", "from provisioner.cli import main; main()"]
 SUMMARY_LINE = re.compile(r"^(?P<task>.+?) -{3,} (?P<seconds>\d+\.\d+)s$")
 
 
-def up(inventory: str, offline: tuple[str, ...], profile: bool) -> tuple[float, dict]:
-    env = dict(os.environ)
+def up(inventory: str, offline: tuple[str, ...], profile: bool, extra_env: dict[str, str] | None = None) -> tuple[float, dict]:
+    env = dict(os.environ) | (extra_env or {})
     if profile:
         env |= {
             "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
@@ -124,11 +128,66 @@ def profile(artifact_dir: Path) -> list[tuple[str, float]]:
     return found
 
 
+# Put first on PATH: ansible-runner then starts ansible-playbook under cProfile, and the
+# sitecustomize beside it profiles each forked worker's task into its own file.
+SHIM = """#!/bin/sh
+export PYTHONPATH={shim}${{PYTHONPATH:+:$PYTHONPATH}}
+exec {python} -m cProfile -o {out}/parent.out {playbook} "$@"
+"""
+WORKER_HOOK = """import os
+if os.environ.get("NOOP_PROFILE_DIR"):
+    from ansible.executor.process import worker as _worker
+    _run = _worker.WorkerProcess._run
+    def _profiled(self, *args, **kwargs):
+        import cProfile
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            return _run(self, *args, **kwargs)
+        finally:
+            profile.disable()
+            profile.dump_stats(os.path.join(os.environ["NOOP_PROFILE_DIR"], f"w-{os.getpid()}.out"))
+    _worker.WorkerProcess._run = _profiled
+"""
+
+
+def profiled_run(inventory: str, offline: tuple[str, ...], out: Path) -> None:
+    import pstats
+
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.out"):
+        old.unlink()
+    bindir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory() as shim:
+        (Path(shim) / "sitecustomize.py").write_text(WORKER_HOOK)
+        playbook = Path(shim) / "ansible-playbook"
+        playbook.write_text(SHIM.format(shim=shim, python=sys.executable, out=out, playbook=bindir / "ansible-playbook"))
+        playbook.chmod(0o755)
+        # bindir after the shim: the CLI puts it first only when PATH lacks it.
+        path = os.pathsep.join([shim, str(bindir), os.environ.get("PATH", "")])
+        seconds, _ = up(inventory, offline, profile=False, extra_env={"PATH": path, "NOOP_PROFILE_DIR": str(out)})
+    workers = []
+    for f in sorted(out.glob("w-*.out")):
+        try:
+            pstats.Stats(str(f))
+            workers.append(str(f))
+        except (EOFError, ValueError, TypeError):  # a worker ended while writing its file
+            pass
+    print(f"profiled run: {seconds:.1f} s wall under cProfile; {len(workers)} worker profiles in {out}")
+    for title, files in (("ansible-playbook", [str(out / "parent.out")]), (f"{len(workers)} workers summed", workers)):
+        if files:
+            print(f"top cumulative, {title}:")
+            stats = pstats.Stats(*files, stream=sys.stdout)
+            stats.files = []  # pstats would print a line per file: 300 of them for the workers
+            stats.sort_stats("cumulative").print_stats(25)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", help="an existing lab server (converged here first); default: a new one")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="leave the new lab server up")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="one more run under cProfile, its files in DIR")
     args = parser.parse_args()
     name = args.server or "pv-bench-noop"
     made = not args.server
@@ -149,6 +208,8 @@ def main() -> None:
         runs.sort(key=lambda r: r[0])
         mix = task_mix(runs[len(runs) // 2][3])
         costs = floor(inv)
+        if args.profile:
+            profiled_run(inv, offline, args.profile)
     finally:
         if made and not args.keep:
             lab.down(name)
