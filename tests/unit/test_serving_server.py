@@ -184,6 +184,7 @@ class Server:
         self.port = config["port"]
         self.admin = config["admin_port_base"] + index
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (open for the life of the server)
+        self.final_output = ""
         full_env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID")}
         full_env.update(env or {})
         command = [sys.executable, str(SERVER), "--config", str(config_path), "--worker", str(index)]
@@ -200,6 +201,8 @@ class Server:
         self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, pass_fds=fds)
 
     def output(self) -> str:
+        if self.log.closed:  # stopped: what it wrote until then
+            return self.final_output
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
@@ -230,7 +233,10 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.log.close()
+        if not self.log.closed:
+            # Kept for a failed test's message (`assert server.stop() == 0, server.output()`).
+            self.final_output = self.output()
+            self.log.close()
         return self.proc.returncode
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
