@@ -430,8 +430,10 @@ def smoke(reports: list[Any]) -> None:
 
     for r in reports:
         hw = r.hardware
+        # No workload ran (smoke --config-only): no profile sized anything, no figure needs the peak.
+        kind = r.profile if r.workloads else "configuration only"
         title = (
-            f"{r.host}: smoke {r.profile} ({r.mode}) — {hw.get('cpu')}, {hw.get('physical_cores')} cores, "
+            f"{r.host}: smoke {kind} ({r.mode}) — {hw.get('cpu')}, {hw.get('physical_cores')} cores, "
             f"{hw.get('threads')} threads per job, {r.seconds:.0f} s"
         )
         table = Table(title=title, title_justify="left")
@@ -459,13 +461,14 @@ def smoke(reports: list[Any]) -> None:
                 Text(c.reason),
             )
         console.print(table)
-        console.print(
-            Text(
-                f"  peak: {hw.get('fp64_flops_per_cycle')} FP64 FLOPs/cycle ({hw.get('fp64_basis')}); "
-                f"clock {hw.get('clock_ghz')} GHz ({hw.get('clock_basis')})",
-                style="dim",
+        if r.workloads:
+            console.print(
+                Text(
+                    f"  peak: {hw.get('fp64_flops_per_cycle')} FP64 FLOPs/cycle ({hw.get('fp64_basis')}); "
+                    f"clock {hw.get('clock_ghz')} GHz ({hw.get('clock_basis')})",
+                    style="dim",
+                )
             )
-        )
         if r.baseline_started:
             console.print(Text(f"  before: the unprovisioned baseline of {r.baseline_started}", style="dim"))
         counts = r.counts()

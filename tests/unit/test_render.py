@@ -57,3 +57,14 @@ def test_changes_show_before_and_after_as_a_diff(monkeypatch):
     assert "would change web1: Write the sysctl settings" in text
     assert "-vm.swappiness = 60" in text and "+vm.swappiness = 10" in text
     assert "Installed: htop" in text
+
+
+def test_a_run_without_workloads_says_it_checked_the_configuration_only(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(render, "console", render.make_console(file=out))
+    measured = report()
+    measured.workloads = {"gbdt": 12.0}
+    render.smoke([measured, report()])  # the second as smoke --config-only reports it
+    text = out.getvalue()
+    assert "train-01: smoke quick (tuned)" in text and "train-01: smoke configuration only (tuned)" in text
+    assert text.count("  peak: ") == 1  # the peak is a workload's limit: only the measured run shows it
