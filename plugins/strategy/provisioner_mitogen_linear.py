@@ -56,7 +56,7 @@ class StrategyModule(ansible_mitogen.strategy.StrategyMixin, Base):  # type: ign
         if WARM:
             template_cache.install()
             template_cache.share()
-        return super().run(iterator, play_context)
+        return super().run(iterator, play_context, result)
 
     def _queue_task(self, host, task, task_vars, play_context):
         if WARM:
