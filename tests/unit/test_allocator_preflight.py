@@ -4,16 +4,14 @@ a backslash is refused naming the option."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import plugin_code
 import pytest
-from playbook_cases import local_host, run_cases
+from playbook_cases import local_env, local_host, run_cases
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 
 # All cases in one ansible-playbook run (playbook_cases): one host per case, its variables the
@@ -27,10 +25,8 @@ SAYS = "allocator_malloc_conf must be one jemalloc option string"
 def preflight_run(tmp_path_factory):
     play = [{"name": "Preflight", "hosts": "all", "gather_facts": False,
              "tasks": [{"ansible.builtin.include_role": {"name": "allocator", "tasks_from": "preflight"}}]}]
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
-           "ANSIBLE_FILTER_PLUGINS": str(plugin_code.PLUGINS / "filter"), "ANSIBLE_LOCALHOST_WARNING": "false",
-           "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false", "ANSIBLE_PYTHON_INTERPRETER": sys.executable, "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"}
+    env = local_env(ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_FILTER_PLUGINS=str(plugin_code.PLUGINS / "filter"),
+                    ANSIBLE_INVENTORY_UNPARSED_WARNING="false", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     hosts = {h: local_host({"allocator_malloc_conf": conf}) for h, conf in HOSTS.items()}
     return run_cases(tmp_path_factory, "allocator-preflight", play, hosts, env=lambda workdir: env)
 

@@ -4,7 +4,6 @@ when installed), the decisions on hand-made drives, and the templates rendered b
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import struct
@@ -619,29 +618,25 @@ def test_an_old_arrays_fstab_line_is_replaced_when_its_drives_are_wiped():
         (["--skip-tags", "common_configure"], {"input": False, "other-group": False, "role-play": False}),
     ],
 )
-def test_the_ml_group_counts_as_present_only_in_the_input_check_of_a_run_that_creates_it(tmp_path, cli, made):
+def test_the_ml_group_counts_as_present_only_in_the_input_check_of_a_run_that_creates_it(tmp_path_factory, cli, made):
+    from playbook_cases import local_env, local_host, run_cases
+
     hosts = {
         "input": {"provisioner_input_check": True, "storage_owner_group": "ml"},
         "other-group": {"provisioner_input_check": True, "storage_owner_group": "data-team"},
         "role-play": {"storage_owner_group": "ml"},
     }
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(yaml.safe_dump({"all": {"hosts": {
-        name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, **v} for name, v in hosts.items()}}}))
-    book = tmp_path / "play.yml"
-    book.write_text(yaml.safe_dump([{
+    play = [{
         "hosts": "all", "gather_facts": False,
         "tasks": [
             {"ansible.builtin.include_vars": str(ROLE / "vars" / "main.yml"), "tags": ["always"]},
-            {"ansible.builtin.debug": {"msg": "made={{ _storage_group_made_in_this_run | bool }}"}, "tags": ["always"]},
+            {"name": "Show", "ansible.builtin.debug": {"msg": "made={{ _storage_group_made_in_this_run | bool }}"},
+             "tags": ["always"]},
         ],
-    }]))
-    r = subprocess.run(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(book), *cli],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
-             "ANSIBLE_FILTER_PLUGINS": str(ROLE.parents[1] / "plugins" / "filter"), "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"},
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
-    shown = {host: res["msg"] for host, res in json.loads(r.stdout)["plays"][0]["tasks"][1]["hosts"].items()}
+    }]
+    # --tags and --skip-tags are the run's: one run per row.
+    run = run_cases(tmp_path_factory, "storage-ml-group", play, {h: local_host(v) for h, v in hosts.items()}, args=cli,
+                    env=lambda workdir: local_env(ANSIBLE_FILTER_PLUGINS=str(ROLE.parents[1] / "plugins" / "filter")))
+    assert run.returncode == 0, run.tail()
+    shown = {host: dict(run.results(host))["Show"]["msg"] for host in hosts}
     assert shown == {host: f"made={value}" for host, value in made.items()}
