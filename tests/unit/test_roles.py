@@ -190,3 +190,31 @@ def test_a_command_line_written_folded_stays_one_line():
                 if module != "ansible.builtin.shell" and isinstance(line, str) and "\n" in line.strip():
                     broken.append(f"{path.relative_to(ROOT)}: {task.get('name')}")
     assert broken == []
+
+
+def test_every_apt_task_runs_under_debians_own_python():
+    """The apt module imports python3-apt, which only Debian's /usr/bin/python3 has. On the local
+    connection Ansible's interpreter is the control node's venv; there the module starts itself
+    again under another Python, and that fallback fails under Mitogen ("module '__main__' has no
+    attribute '_module_fqn'"): the first `provisioner up` of a machine missing a package failed."""
+    role_vars = {
+        role: load(ROOT / "roles" / role / "vars" / "main.yml") or {}
+        for role in ROLES + ["shared"]
+        if (ROOT / "roles" / role / "vars" / "main.yml").exists()
+    }
+    found, wrong = [], []
+    for path in sorted([*(ROOT / "roles").glob("*/tasks/*.yml"), *(ROOT / "playbooks").glob("*.yml")]):
+        role = path.parts[-3] if path.parent.name == "tasks" else None
+        nodes = load(path) or []
+        if path.parent.name == "playbooks":
+            nodes = [t for play in nodes for key in ("pre_tasks", "tasks", "post_tasks") for t in play.get(key) or []]
+        for task in _tasks(nodes):
+            if "ansible.builtin.apt" not in task:
+                continue
+            found.append(path)
+            python = (task.get("vars") or {}).get("ansible_python_interpreter", "")
+            name = python.strip("{} ")
+            if role_vars.get(role, {}).get(name, python) != "/usr/bin/python3":
+                wrong.append(f"{path.relative_to(ROOT)}: {task.get('name')} ({python or 'no interpreter set'})")
+    assert found, "no apt task found: the search is wrong"
+    assert wrong == []
