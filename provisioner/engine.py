@@ -674,11 +674,20 @@ def _failure_message(res: dict[str, Any]) -> str:
     detail = str(res.get("stderr") or "").strip().splitlines()
     if detail and detail[-1] not in msg:
         msg = f"{msg}: {detail[-1]}" if msg else detail[-1]
-    if not msg and res.get("results"):
-        msg = "; ".join(_failure_message(r) for r in res["results"] if r.get("failed"))
+    items = [r for r in res.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if items:
+        # A loop says only "One or more items failed": name each failed item and its reason.
+        reasons = "; ".join(f"{_item_label(r)}: {_failure_message(r)}" for r in items)
+        msg = f"{msg}: {reasons}" if msg else reasons
     if res.get("argument_errors"):  # a role's argument spec refused an option: name it
         msg = "invalid role options: " + "; ".join(str(e) for e in res["argument_errors"])
     return msg.splitlines()[0] if msg else "failed"
+
+
+def _item_label(res: dict[str, Any]) -> str:
+    """How a loop item shows itself: its loop_control label, else the item."""
+    label = res.get("_ansible_item_label", res.get("item", "?"))
+    return str(label)
 
 
 # Mitogen's words for both a changed and an unknown host key (it keeps ssh's own to itself).

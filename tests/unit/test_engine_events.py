@@ -146,3 +146,21 @@ def test_a_roles_warning_reaches_the_summary_once_per_host_and_item():
                             "web2: storage: drive nvme1n1 is small", "web2: one"]
     assert run.to_dict()["hosts"]["web2"]["warnings"] == ["storage: drive nvme1n1 is small", "one"]
     assert {h.status for h in run.hosts.values()} == {"ok"}  # a warning is not a failure
+
+
+def test_a_failed_loop_names_the_item_that_failed_and_its_error():
+    res = {
+        "msg": "One or more items failed",
+        "results": [
+            {"failed": False, "_ansible_item_label": "wipefs --all /dev/vdb", "rc": 0},
+            {"failed": True, "_ansible_item_label": "mkfs.xfs /dev/md/data", "rc": 1, "msg": "non-zero return code",
+             "stderr": "mkfs.xfs: probe of /dev/md/data\nError opening /dev/md/data: No such file or directory"},
+        ],
+    }
+    run = collect([play_start("p1", "Discover"), play_start("p2", "Storage"), failed("web1", "p2", "Create", res=res)])
+    (error,) = run.hosts["web1"].errors
+    assert error == (
+        "Create: One or more items failed: mkfs.xfs /dev/md/data: non-zero return code: "
+        "Error opening /dev/md/data: No such file or directory"
+    )
+    assert "wipefs" not in error
