@@ -1049,6 +1049,17 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                 commands.append({"argv": ["mdadm", "--assemble", md_device, "--uuid=%s" % md_uuid] + paths,
                                  "why": "assemble the existing %s array %s" % (level, md_uuid)})
             fs = adopt_md.get("filesystem")
+            ours = md_uuid == md_uuid_text(uuid.UUID(planned_uuid("md", members, spec)).bytes)
+            if fs and fs.get("kind") == "xfs" and ours and fs.get("uuid") != planned_uuid("xfs", members, spec):
+                # Storage made this array but not this filesystem: a create stopped between mdadm and
+                # mkfs leaves the drives' earlier XFS superblock showing through the new array.
+                leftover = "storage: the array %s that storage created holds an XFS (UUID %s) that storage did not make" % (
+                    md_uuid, fs.get("uuid"))
+                if not any(m.get("wipe_allowed") for m in members):
+                    return _refuse(result, leftover + " (left from the drives' earlier contents, or made by hand) — "
+                                   "add its drives to storage_wipe_devices to make the filesystem again, or mount it by hand")
+                warnings.append(leftover + "; made again, as storage_wipe_devices allows")
+                fs, force = None, True
             if fs and fs.get("kind") == "xfs":
                 result["action"] = "adopt" if adopt_md["running"] else "assemble"
                 fs_uuid = fs["uuid"]
@@ -1082,6 +1093,10 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                 argv.append("--chunk=%d" % chunk)
             argv += ["--name=%s" % name, "--homehost=%s" % spec.get("hostname", "any"), "--uuid=%s" % md_uuid] + paths
             commands.append({"argv": argv, "why": "create md %s over %d drive(s)" % (level, len(members))})
+            if spec.get("udev"):
+                # udev names the new array (/dev/md/NAME); under load that can take longer than mdadm waits.
+                commands.append({"argv": ["udevadm", "settle", "--timeout=120"],
+                                 "why": "wait until udev has named the new array %s" % md_device})
             commands.append({"argv": _mkfs_xfs(name, fs_uuid, chunk, sw, level, force, md_device),
                              "why": "create XFS aligned to the %d KiB chunk x %d data drive(s)" % (chunk, sw)})
         fs_device = md_device
@@ -1254,6 +1269,7 @@ def gather(params, root="/", probe=True):
         "chunk_kb": int(params.get("chunk_kb") or MD_CHUNK_KB),
         "mountpoint": (params.get("mountpoint") or "/data").rstrip("/") or "/",
         "hostname": params.get("hostname") or socket.gethostname().split(".")[0],
+        "udev": os.path.exists(path_in(root, "/run/udev/control")),
     }
     allow_unstable = bool(params.get("allow_unstable_names"))
     disks = list_disks(root)

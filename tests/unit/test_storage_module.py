@@ -229,6 +229,45 @@ def test_a_matching_md_array_is_adopted_or_assembled():
     assert r["action"] == "refuse" and "is raid1 over 2 drive(s), not the requested raid0 over 2" in r["refusals"][0]
 
 
+def test_with_udev_running_the_create_waits_for_the_arrays_name_before_mkfs():
+    argv = [c["argv"] for c in ps.decide(spec(udev=True), two_blank())["commands"]]
+    assert [a[0] for a in argv] == ["mdadm", "udevadm", "mkfs.xfs"] and argv[1] == ["udevadm", "settle", "--timeout=120"]
+    assert argv[2][-1] == "/dev/md/data"
+
+
+def test_an_xfs_on_its_own_array_that_storage_did_not_make_is_made_again_only_with_wipe():
+    drives = two_blank()
+    planned = ps.decide(spec(), drives)
+    u, ours = planned["md_uuid"], planned["fs_uuid"]
+    arrays = {"md127": {"device": "/dev/md127", "level": "raid0", "raid_disks": 2, "chunk_kb": 512,
+                        "slaves": ["nvme0n1", "nvme1n1"], "majmin": "9:127", "state": "clean"}}
+
+    def running(fs_uuid, wipe=False):
+        xfs = {"kind": "xfs", "uuid": fs_uuid}
+        return [{**d, "holders": ["md127"], "wipe_allowed": wipe, **_md(u, i, fs=xfs)} for i, d in enumerate(drives)]
+
+    # Its own filesystem: adopted, nothing to do.
+    r = ps.decide(spec(), running(ours), arrays)
+    assert r["action"] == "adopt" and r["commands"] == [] and r["warnings"] == []
+    # The earlier contents showing through (a create that stopped before mkfs): refused without wipe ...
+    stale = "5e1f0000-0000-4000-8000-000000000001"
+    r = ps.decide(spec(), running(stale), arrays)
+    assert r["action"] == "refuse" and r["commands"] == []
+    assert r["refusals"] == [
+        f"storage: the array {u} that storage created holds an XFS (UUID {stale}) that storage did not make (left "
+        f"from the drives' earlier contents, or made by hand) {SEP} add its drives to storage_wipe_devices to make "
+        "the filesystem again, or mount it by hand"]
+    # ... and made again (forced, with the planned UUID) on the running array when the drives may be wiped.
+    r = ps.decide(spec(), running(stale, wipe=True), arrays)
+    assert r["action"] == "mkfs" and r["fs_uuid"] == ours and "made again" in r["warnings"][0]
+    assert [c["argv"] for c in r["commands"]] == [
+        ["mkfs.xfs", "-f", "-L", "data", "-m", f"uuid={ours}", "-d", "su=512k,sw=2", "/dev/md/data"]]
+    # An array storage did not create keeps its filesystem, whatever its UUID.
+    other = [{**d, "holders": ["md127"], **_md("11111111:22222222:33333333:44444444", i,
+                                               fs={"kind": "xfs", "uuid": stale})} for i, d in enumerate(drives)]
+    assert ps.decide(spec(), other, arrays)["action"] == "adopt"
+
+
 def test_the_mount_point_must_be_free():
     r = ps.decide(spec(), two_blank(), mountpoint_state={"mounted": True, "mounted_source": "/dev/sdb1",
                                                          "mounted_fstype": "ext4"})
