@@ -138,7 +138,7 @@ def test_the_clock_measured_under_load_wins_over_nominal_ones(raw):
 def counted(raw, one_mhz=3650.0, all_mhz=3600.0):
     """The clock the smoke script counts in cycles right after the DGEMM runs (hosts without cpufreq)."""
     raw["results"]["gemm"]["clock_loop"] = {
-        "method": "a chain of dependent `add rax, 1` (1 cycle each)",
+        "method": "a chain of dependent `add rax, rdx` (1 cycle each)",
         "adds_per_iteration": 64,
         "one": {"cpu": 0, "mhz": one_mhz, "repeats_mhz": [one_mhz], "on_cpu": 1.0},
         "all": {"cpus": [0, 1], "mhz": all_mhz, "per_core_mhz": [all_mhz, all_mhz], "on_cpu": [1.0, 1.0]},
@@ -219,7 +219,7 @@ def test_the_script_counts_the_clock_on_one_core_and_on_all_at_once(script):
     assert result["all"]["cpus"] == cpus and len(result["all"]["per_core_mhz"]) == len(cpus)  # one per core, capped
     assert 500 < result["one"]["mhz"] < 7000 and 500 < result["all"]["mhz"] < 7000
     assert result["one"]["mhz"] == max(result["one"]["repeats_mhz"]) and len(result["one"]["repeats_mhz"]) == 7
-    assert "dependent `add rax, 1`" in result["method"]
+    assert "dependent `add rax, rdx`" in result["method"]
 
 
 def test_the_script_says_why_it_cannot_count_the_clock(script, monkeypatch):
