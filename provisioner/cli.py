@@ -196,6 +196,13 @@ def undo(
             "--reboot", help="Reboot hosts whose restore needs it (the kernel command line), once each (never this machine)."
         ),
     ] = False,
+    tags: Annotated[
+        list[str] | None,
+        typer.Option("--tags", "-t", help="Only the undo of roles with these tags (as up --tags); repeatable."),
+    ] = None,
+    skip_tags: Annotated[
+        list[str] | None, typer.Option("--skip-tags", help="Leave the roles with these tags as they are.")
+    ] = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
 ) -> None:
@@ -212,6 +219,8 @@ def undo(
             check=check,
             reboot=reboot,
             accept_new_host_keys=accept_new_host_keys,
+            tags=_split(tags),
+            skip_tags=_split(skip_tags),
             on_progress=on_progress,
         ),
         render.undo,

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import engine
+import yaml
+
+from . import engine, paths
 from .errors import BadInput, ExitCode
 from .reboot import RebootDecision, decide
 from .result import Result, first_failure
@@ -191,20 +193,38 @@ class UndoOutcome:
         return out
 
 
+def undo_roles() -> tuple[str, ...]:
+    """The roles playbooks/undo.yml undoes, in its order."""
+    plays = yaml.safe_load((paths.PLAYBOOKS / "undo.yml").read_text()) or []
+    names = [t["ansible.builtin.include_role"]["name"] for play in plays for t in play.get("tasks", [])]
+    return tuple(dict.fromkeys(names))
+
+
 def undo(
     inventory: Path | None,
     *,
     reboot: bool = False,
     check: bool = False,
     accept_new_host_keys: bool = False,
+    tags: Sequence[str] = (),
+    skip_tags: Sequence[str] = (),
     **run_options: Any,
 ) -> Result[UndoOutcome]:
     """Restore what the tuning changed, from the originals each host recorded (undo.yml); then,
     when allowed and the restore succeeded, reboot the hosts whose restore needs it (1 GiB pages
     taken off the kernel command line stay reserved until then), once each, never this machine.
-    `run_options` are engine.run_playbook's (limit, on_progress)."""
+    --tags/--skip-tags select roles as up's do (a phase tag selects its role: the undo of a role is
+    whole). `run_options` are engine.run_playbook's (limit, on_progress)."""
+    engine.check_tags(tags, skip_tags)
+    selected: tuple[str, ...] = ()
+    if tags or skip_tags:
+        selected = roles_for_tags(tags, skip_tags, roles=undo_roles())
+        if not selected:
+            raise BadInput("--tags/--skip-tags leave no role to undo: name a role (e.g. --tags hugepages) or drop them")
     inv = engine.resolve_inventory(inventory)
-    run = engine.run_playbook("undo.yml", inv, check=check, accept_new_host_keys=accept_new_host_keys, **run_options)
+    run = engine.run_playbook(
+        "undo.yml", inv, check=check, accept_new_host_keys=accept_new_host_keys, tags=selected, **run_options
+    )
     outcome = UndoOutcome(run, decide(run.facts, run.hostvars, allow_reboot=reboot and not check))
     errors = list(run.errors)
     if run.exit_code == ExitCode.OK:

@@ -143,13 +143,16 @@ def site_roles() -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def roles_for_tags(tags: Sequence[str] = (), skip_tags: Sequence[str] = ()) -> tuple[str, ...]:
-    """The site roles a run with these tags applied (a role's tag or one of its phase tags)."""
+def roles_for_tags(
+    tags: Sequence[str] = (), skip_tags: Sequence[str] = (), roles: Sequence[str] | None = None
+) -> tuple[str, ...]:
+    """The roles (of ROLES, else the site roles) a run with these tags applied (a role's tag or
+    one of its phase tags)."""
 
     def tagged(role: str, selection: Sequence[str]) -> bool:
         return any(t == role or t.startswith(f"{role}_") for t in selection)
 
-    roles = site_roles()
+    roles = tuple(site_roles() if roles is None else roles)
     if tags and "all" not in tags:
         roles = tuple(r for r in roles if tagged(r, tags))
     return tuple(r for r in roles if not tagged(r, skip_tags))

@@ -42,6 +42,7 @@ class Runs:
 
     def run_playbook(self, playbook, inventory, **kwargs):
         self.ran.append((playbook, kwargs.get("limit")))
+        self.tags = kwargs.get("tags", ())
         return self.results[playbook]
 
 
@@ -139,3 +140,28 @@ def test_up_check_reboot_names_the_run_that_would_reboot_not_this_machine(monkey
     result = commands.up(runs.inventory, check=True, reboot=True, tags=["hugepages"])
     assert runs.ran == [("site.yml", None)]
     assert result.messages == (f"reboot pending on web1: {REASON}; run again with --reboot",)
+
+
+def test_tags_select_whole_roles_to_undo_in_undo_yml(monkeypatch, tmp_path):
+    assert commands.undo_roles()[0] == "smoke" and commands.undo_roles()[-1] == "common"
+    runs = Runs(monkeypatch, tmp_path, run_result("undo.yml"))
+    commands.undo(runs.inventory)
+    assert runs.tags == (), "no --tags: every role"
+    # A phase tag selects its role (a role's undo is whole), in undo.yml's order.
+    commands.undo(runs.inventory, tags=["cpu_tuning", "common_configure", "hugepages"])
+    assert runs.tags == ("hugepages", "cpu_tuning", "common")
+    commands.undo(runs.inventory, skip_tags=["serving", "ray", "monitoring", "smoke"])
+    assert runs.tags == ("thread_env", "mlstack", "allocator", "hugepages", "cpu_tuning", "storage", "common")
+
+
+def test_undo_tags_that_select_nothing_or_are_unknown_are_refused_before_any_run(monkeypatch, tmp_path):
+    runs = Runs(monkeypatch, tmp_path, run_result("undo.yml"))
+    out = runner.invoke(app, ["undo", "-i", str(runs.inventory), "--tags", "hugepage"])
+    assert out.exit_code == ExitCode.BAD_INPUT and "unknown tag(s) hugepage: use one of" in out.output
+    out = runner.invoke(app, ["undo", "-i", str(runs.inventory), "--tags", "storage", "--skip-tags", "storage"])
+    assert out.exit_code == ExitCode.BAD_INPUT
+    assert "--tags/--skip-tags leave no role to undo: name a role (e.g. --tags hugepages) or drop them" in out.output
+    assert runs.ran == []
+    out = runner.invoke(app, ["undo", "-i", str(runs.inventory), "-t", "storage,hugepages"])
+    assert out.exit_code == 0, out.output
+    assert runs.ran == [("undo.yml", None)] and runs.tags == ("hugepages", "storage")
