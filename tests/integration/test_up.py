@@ -22,7 +22,9 @@ BIN = Path(sys.executable).parent / "provisioner"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    # A guard against a hung run, not a speed limit: a full first `up` (every role, the ML stack
+    # installed) took 10 minutes on a busy 2-core machine.
     return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=timeout)
 
 
