@@ -242,7 +242,7 @@ def _install_boot_loader(qcow2: Path, tree_kernel: tuple[Path, Path], work: Path
         console,
         vm.free_port(),
         [],
-        vm.accelerator(),
+        vm.accelerator(kernel=tree_kernel[0]),
         {"build": str(marker)},
         kernel=(tree_kernel[0], tree_kernel[1], "root=/dev/vda1 rw console=ttyS0,115200"),
     )

@@ -257,8 +257,8 @@ def up_vm(
             raise LabError(f"lab server {name} is a container: take it down first (lab down {name})")
         return existing
     planned = _plan_vm(name, drives, drive_size)
+    base = ensure_image()  # first: the image build probes the accelerator with the guest's kernel
     accel = vm.accelerator()
-    base = ensure_image()
     with frozen():
         _teardown(name, graceful=False)
         _failed_console(name).unlink(missing_ok=True)

@@ -136,34 +136,42 @@ def check_memory(meminfo: str, memory_mb: int = MEMORY_MB) -> None:
         )
 
 
-def kvm_works(probe_timeout: float = 20.0) -> bool:
+def kvm_works(probe_timeout: float = 20.0, kernel: Path | None = None) -> bool:
     """Whether hardware virtualization really runs a guest here (not only whether /dev/kvm exists).
 
     Some hosts offer /dev/kvm whose vCPUs cannot be set up (qemu aborts setting an MSR with
-    -cpu host): a qemu without a disk is started on KVM and must reach its firmware's first
-    output on the serial port; anything else means software emulation.
+    -cpu host), and some (a nested VM seen here) run the firmware but hang a Linux kernel as it
+    leaves real mode. With KERNEL (the guest's own) the probe boots it with no disk and must see
+    its first line ("Linux version", early printk on the serial port) before the kernel panics
+    for want of a root and qemu exits; without one, qemu must still run the firmware at the
+    timeout (SeaBIOS waits for a boot device). Anything else means software emulation.
     """
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return False
-    cmd = [QEMU, "-accel", "kvm", "-cpu", "host", "-m", "64", "-nodefaults", "-no-user-config"]
+    cmd = [QEMU, "-accel", "kvm", "-cpu", "host", "-m", "256" if kernel else "64", "-nodefaults", "-no-user-config"]
     cmd += ["-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot"]
+    if kernel:
+        cmd += ["-kernel", str(kernel), "-append", "earlyprintk=serial,ttyS0,115200 console=ttyS0,115200 panic=-1"]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     except OSError:
         return False
     try:
         out, _ = proc.communicate(timeout=probe_timeout)
-    except subprocess.TimeoutExpired:
-        # Still running after the timeout: the vCPU runs (SeaBIOS waits for a boot device).
+    except subprocess.TimeoutExpired as exc:
         proc.kill()
-        proc.communicate()
-        return True
-    del out
-    return False
+        rest, _ = proc.communicate()
+        return KERNEL_BANNER in (exc.output or b"") + (rest or b"") if kernel else True
+    return bool(kernel) and KERNEL_BANNER in (out or b"")
 
 
-def accelerator() -> str:
-    """kvm or tcg: $PROVISIONER_LAB_ACCEL when set, else what was found to work (remembered per qemu)."""
+KERNEL_BANNER = b"Linux version"
+
+
+def accelerator(kernel: Path | None = None) -> str:
+    """kvm or tcg: $PROVISIONER_LAB_ACCEL when set, else what was found to work (remembered per
+    qemu binary). Given the guest's KERNEL, a verdict of the firmware-only probe is probed again
+    by booting it."""
     forced = os.environ.get("PROVISIONER_LAB_ACCEL", "")
     if forced in ("kvm", "tcg"):
         return forced
@@ -172,12 +180,13 @@ def accelerator() -> str:
         stamp = f"{qemu}:{os.stat(qemu).st_mtime_ns}"
         cache = paths.lab_dir() / "vm-accel"
         with contextlib.suppress(OSError):
-            known, _, accel = cache.read_text().strip().rpartition(" ")
-            if known == stamp and accel in ("kvm", "tcg"):
+            fields = cache.read_text().split()
+            known, how, accel = fields if len(fields) == 3 else (fields[0], "firmware", fields[-1])
+            if known == stamp and accel in ("kvm", "tcg") and (how == "kernel" or kernel is None or accel == "tcg"):
                 return accel
-        accel = "kvm" if kvm_works() else "tcg"
+        accel = "kvm" if kvm_works(kernel=kernel) else "tcg"
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(f"{stamp} {accel}\n")
+        cache.write_text(f"{stamp} {'kernel' if kernel else 'firmware'} {accel}\n")
         return accel
     return "tcg"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -189,13 +190,30 @@ def test_the_accelerator_can_be_forced_and_a_dead_kvm_means_tcg(lab_dir: Path, m
     monkeypatch.setenv("PROVISIONER_LAB_ACCEL", "kvm")
     assert vm.accelerator() == "kvm"
     monkeypatch.delenv("PROVISIONER_LAB_ACCEL")
-    monkeypatch.setattr(vm, "kvm_works", lambda: False)
+    monkeypatch.setattr(vm, "kvm_works", lambda kernel=None: False)
     monkeypatch.setattr(vm.shutil, "which", lambda tool: sys.executable)
     assert vm.accelerator() == "tcg"
-    monkeypatch.setattr(vm, "kvm_works", lambda: True)
+    monkeypatch.setattr(vm, "kvm_works", lambda kernel=None: True)
     assert vm.accelerator() == "tcg"  # remembered for this qemu binary
     (lab_dir / "vm-accel").unlink()
     assert vm.accelerator() == "kvm"
+    # A firmware-only verdict of kvm is probed again with the guest's kernel (the firmware ran,
+    # the kernel hangs); the kernel's verdict then stands, with or without a kernel.
+    probed = []
+    monkeypatch.setattr(vm, "kvm_works", lambda kernel=None: probed.append(kernel) or False)
+    assert vm.accelerator() == "kvm" and probed == []
+    assert vm.accelerator(kernel=Path("/boot/vmlinuz")) == "tcg" and probed == [Path("/boot/vmlinuz")]
+    assert vm.accelerator() == vm.accelerator(kernel=Path("/boot/vmlinuz")) == "tcg" and len(probed) == 1
+    assert (lab_dir / "vm-accel").read_text().split()[1:] == ["kernel", "tcg"]
+
+
+@pytest.mark.skipif(not os.access("/dev/kvm", os.R_OK | os.W_OK) or not shutil.which("qemu-system-x86_64"),
+                    reason="needs /dev/kvm and qemu-system-x86_64")
+def test_the_kvm_probe_with_a_kernel_boots_it_and_reads_its_first_line(tmp_path: Path) -> None:
+    """A real qemu under KVM given a file that is no kernel: qemu refuses it, so no banner, no KVM."""
+    fake = tmp_path / "vmlinuz"
+    fake.write_bytes(b"not a kernel")
+    assert vm.kvm_works(probe_timeout=10, kernel=fake) is False
 
 
 def test_the_console_tail_is_one_line_without_escapes(tmp_path: Path) -> None:
