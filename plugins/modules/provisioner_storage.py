@@ -1048,6 +1048,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                 md_device_now = md_device
                 commands.append({"argv": ["mdadm", "--assemble", md_device, "--uuid=%s" % md_uuid] + paths,
                                  "why": "assemble the existing %s array %s" % (level, md_uuid)})
+                commands += _udev_settle(spec, md_device)
             fs = adopt_md.get("filesystem")
             ours = md_uuid == md_uuid_text(uuid.UUID(planned_uuid("md", members, spec)).bytes)
             if fs and fs.get("kind") == "xfs" and ours and fs.get("uuid") != planned_uuid("xfs", members, spec):
@@ -1093,10 +1094,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                 argv.append("--chunk=%d" % chunk)
             argv += ["--name=%s" % name, "--homehost=%s" % spec.get("hostname", "any"), "--uuid=%s" % md_uuid] + paths
             commands.append({"argv": argv, "why": "create md %s over %d drive(s)" % (level, len(members))})
-            if spec.get("udev"):
-                # udev names the new array (/dev/md/NAME); under load that can take longer than mdadm waits.
-                commands.append({"argv": ["udevadm", "settle", "--timeout=120"],
-                                 "why": "wait until udev has named the new array %s" % md_device})
+            commands += _udev_settle(spec, md_device)
             commands.append({"argv": _mkfs_xfs(name, fs_uuid, chunk, sw, level, force, md_device),
                              "why": "create XFS aligned to the %d KiB chunk x %d data drive(s)" % (chunk, sw)})
         fs_device = md_device
@@ -1146,6 +1144,14 @@ def _refuse(result, message):
     result["action"] = "refuse"
     result["refusals"].append(message)
     return result
+
+
+def _udev_settle(spec, md_device):
+    """Where udev runs, it names a started array (/dev/md/NAME): under load that can take longer
+    than mdadm waits, and the next command (mkfs, blkid) would not find the name."""
+    if not spec.get("udev"):
+        return []
+    return [{"argv": ["udevadm", "settle", "--timeout=120"], "why": "wait until udev has named the array %s" % md_device}]
 
 
 def _mkfs_xfs(label, fs_uuid, chunk, sw, level, force, device):

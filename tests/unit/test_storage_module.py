@@ -233,6 +233,10 @@ def test_with_udev_running_the_create_waits_for_the_arrays_name_before_mkfs():
     argv = [c["argv"] for c in ps.decide(spec(udev=True), two_blank())["commands"]]
     assert [a[0] for a in argv] == ["mdadm", "udevadm", "mkfs.xfs"] and argv[1] == ["udevadm", "settle", "--timeout=120"]
     assert argv[2][-1] == "/dev/md/data"
+    u = "11111111:22222222:33333333:44444444"
+    stopped = [member("nvme0n1", A, **_md(u, 0)), member("nvme1n1", B, **_md(u, 1))]
+    argv = [c["argv"][:2] for c in ps.decide(spec(udev=True), stopped, {})["commands"]]
+    assert argv == [["mdadm", "--assemble"], ["udevadm", "settle"], ["mkfs.xfs", "-L"]]
 
 
 def test_an_xfs_on_its_own_array_that_storage_did_not_make_is_made_again_only_with_wipe():
