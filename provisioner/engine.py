@@ -114,6 +114,8 @@ def _tags_in(node: Any) -> set[str]:
 
 
 def check_tags(tags: Sequence[str], skip_tags: Sequence[str]) -> None:
+    if not tags and not skip_tags:
+        return  # nothing to check: reading every playbook and task file costs a quarter second a run
     known = known_tags()
     unknown = sorted({t for t in (*tags, *skip_tags) if t not in known})
     if unknown:
