@@ -355,7 +355,12 @@ def _strategy_env(choice: str | None) -> dict[str, str]:
             f"(a dependency of provisioner: reinstall it), or set {STRATEGY_ENV}=linear"
         )
     # Mitogen's linear strategy with its CPU pinning switched off (plugins/strategy says why).
-    return {"ANSIBLE_STRATEGY_PLUGINS": str(paths.PLUGINS / "strategy"), "ANSIBLE_STRATEGY": "provisioner_mitogen_linear"}
+    return {
+        "ANSIBLE_STRATEGY_PLUGINS": str(paths.PLUGINS / "strategy"),
+        "ANSIBLE_STRATEGY": "provisioner_mitogen_linear",
+        # Jinja's compiled code kept for the next run (plugins/strategy/_template_cache.py).
+        "PROVISIONER_TEMPLATE_CACHE_DIR": str(paths.cache_dir() / "jinja"),
+    }
 
 
 @contextmanager

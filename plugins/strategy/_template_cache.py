@@ -20,6 +20,14 @@ plugin it finds). Code compiled in the parent is inherited by every fork; code a
 compiles is also written, marshalled, to a directory private to this run (created by the
 parent, mode 0700, removed when the parent exits), where the next workers read it.
 
+With $PROVISIONER_TEMPLATE_CACHE_DIR (the CLI sets it under its cache directory) that directory
+is kept across runs instead, so a re-run compiles nothing it compiled before. A counter of
+plugin directories means nothing to another process, so there the key holds a fingerprint of
+the plugins instead: ansible-core's version, every file (name, size, mtime) in the filter and
+test plugin directories searched, and the top files of every collection installed. The
+directory is used only when it is this user's own and nobody else may write to it, and is
+emptied when it holds more than MAX_STORED files.
+
 Fail-safe by construction: anything not cached (a compile error, Ansible's template debugging,
 raw source, an unreadable or partial file) goes through Jinja's own code path as before.
 """
@@ -33,11 +41,13 @@ import hashlib
 import marshal
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import typing as t
 
 import jinja2
+from ansible import release as ansible_release
 from ansible._internal._templating import _jinja_bits
 from ansible._internal._templating._jinja_bits import AnsibleEnvironment
 from ansible._internal._templating._jinja_common import _TemplateConfig
@@ -64,10 +74,16 @@ _LEXER_SETTINGS = (
 # Entries kept in memory per process; a no-op site.yml run compiles a few hundred distinct texts.
 MAX_ENTRIES = 20000
 
+# Files kept in a directory that outlives the runs, before it is emptied.
+MAX_STORED = 50000
+STORE_ENV = "PROVISIONER_TEMPLATE_CACHE_DIR"
+
 _codes: dict[tuple, t.Any] = {}
 _store: str | None = None  # the run's directory of marshalled code (None: memory only)
+_persistent = False  # _store outlives the run: keys name the plugins, not a per-process counter
 _owner_pid: int | None = None
 _plugin_generation = 0
+_fingerprints: dict[int, str] = {}
 _expression_key: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("provisioner_expression_key", default=None)
 _original: dict[str, t.Callable] = {}
 
@@ -93,10 +109,40 @@ def settings(env: jinja2.Environment) -> tuple:
         _name(env.finalize) if env.finalize is not None else None,
         None if compile_context is None else compile_context.escape_backslashes,
         _TemplateConfig.allow_embedded_templates,
-        _plugin_generation,
+        plugin_fingerprint() if _persistent else _plugin_generation,
         jinja2.__version__,
         sys.version_info[:2],
     )
+
+
+def plugin_fingerprint() -> str:
+    """The filter and test plugins Jinja's code generator may resolve, as of this plugin generation."""
+    known = _fingerprints.get(_plugin_generation)
+    if known is not None:
+        return known
+    digest = hashlib.sha256(ansible_release.__version__.encode())
+    paths: list[str] = []
+    for jinja_loader in (plugin_loader.filter_loader, plugin_loader.test_loader):
+        with contextlib.suppress(Exception):
+            paths += jinja_loader._get_paths()
+    with contextlib.suppress(Exception):
+        from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+        for root in AnsibleCollectionConfig.collection_paths or []:
+            base = os.path.join(root, "ansible_collections")
+            with contextlib.suppress(OSError):
+                for namespace in sorted(os.listdir(base)):
+                    with contextlib.suppress(OSError):
+                        paths += [os.path.join(base, namespace, name) for name in sorted(os.listdir(os.path.join(base, namespace)))]
+    for path in paths:
+        digest.update(path.encode("utf-8", "surrogatepass") + b"\0")
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                if entry.name.endswith((".py", ".yml", ".yaml", ".json")) and entry.is_file():
+                    st = entry.stat()
+                    digest.update(f"{entry.name}:{st.st_size}:{st.st_mtime_ns}\0".encode("utf-8", "surrogatepass"))
+    known = _fingerprints[_plugin_generation] = digest.hexdigest()[:32]
+    return known
 
 
 def _lookup(key: tuple) -> t.Any:
@@ -211,19 +257,45 @@ def uninstall() -> None:
     _codes.clear()
 
 
-def share() -> str:
-    """Give this process's forks a directory to hand each other compiled code; removed at exit."""
-    global _store, _owner_pid
+def share(directory: str | None = None) -> str:
+    """Give this process's forks a directory to hand each other compiled code: DIRECTORY (else
+    $PROVISIONER_TEMPLATE_CACHE_DIR), kept across runs, when it is private to this user; else
+    one of this run's own, removed at exit."""
+    global _store, _owner_pid, _persistent
     if _store is None:
-        _store = tempfile.mkdtemp(prefix="provisioner-jinja-")
-        _owner_pid = os.getpid()
-        atexit.register(_remove_store)
+        directory = directory or os.environ.get(STORE_ENV)
+        if directory and _private(directory):
+            _store, _persistent = directory, True
+        else:
+            _store = tempfile.mkdtemp(prefix="provisioner-jinja-")
+            _owner_pid = os.getpid()
+            atexit.register(_remove_store)
     return _store
 
 
+def _private(directory: str) -> bool:
+    """DIRECTORY exists or was made (mode 0700), is a directory of this user's that no one else may
+    write to (marshalled code is run as it is read), and is emptied when it grew past MAX_STORED."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return False
+        names = os.listdir(directory)
+        if len(names) > MAX_STORED:
+            for name in names:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, name))
+    except OSError:
+        return False
+    return True
+
+
 def _remove_store() -> None:
-    global _store
-    if _store is not None and os.getpid() == _owner_pid:
+    global _store, _persistent
+    if _persistent:
+        _store, _persistent = None, False  # kept for the next run
+    elif _store is not None and os.getpid() == _owner_pid:
         shutil.rmtree(_store, ignore_errors=True)
         _store = None
 

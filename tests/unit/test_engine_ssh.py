@@ -103,6 +103,7 @@ def test_the_strategy_is_ansibles_unless_mitogen_is_asked_for(tmp_path, monkeypa
     assert engine._strategy_env("mitogen") == {
         "ANSIBLE_STRATEGY_PLUGINS": str(paths.PLUGINS / "strategy"),
         "ANSIBLE_STRATEGY": "provisioner_mitogen_linear",
+        "PROVISIONER_TEMPLATE_CACHE_DIR": str(paths.cache_dir() / "jinja"),
     }
 
 

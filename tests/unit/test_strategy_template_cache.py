@@ -136,3 +136,44 @@ def test_the_store_is_removed_with_its_process(cache) -> None:
     store = cache.share()
     cache._remove_store()
     assert not os.path.exists(store)
+
+
+def test_a_private_directory_keeps_the_code_for_the_next_run(cache, tmp_path: Path) -> None:
+    store = tmp_path / "jinja"
+    assert cache.share(str(store)) == str(store) and cache._persistent
+    expected = render_all()
+    assert len(os.listdir(store)) >= len(TEMPLATES) + len(CONDITIONS)
+    # The next run: a new process (nothing in memory, the generation counter back at 0).
+    cache._remove_store()
+    assert store.is_dir(), "kept across runs"
+    cache._codes.clear()
+    cache._fingerprints.clear()
+    cache.share(str(store))
+    before = dict(cache.stats)
+    assert render_all() == expected
+    assert cache.stats["misses"] == before["misses"], "compiled nothing it compiled before"
+    assert cache.stats["file_hits"] - before["file_hits"] >= len(TEMPLATES) + len(CONDITIONS)
+
+
+def test_a_plugin_file_changed_between_runs_changes_the_key(cache, tmp_path: Path) -> None:
+    plugins = tmp_path / "filter_plugins"
+    plugins.mkdir()
+    plugin_loader.filter_loader.add_directory(str(plugins))
+    try:
+        first = cache.plugin_fingerprint()
+        assert cache.plugin_fingerprint() == first
+        (plugins / "mine.py").write_text("class FilterModule:\n    def filters(self):\n        return {}\n")
+        cache._fingerprints.clear()  # a new run
+        assert cache.plugin_fingerprint() != first
+    finally:
+        plugin_loader.filter_loader._extra_dirs.remove(str(plugins))
+        plugin_loader.filter_loader._clear_caches()
+
+
+def test_a_directory_others_may_write_to_is_not_used(cache, tmp_path: Path) -> None:
+    shared = tmp_path / "open"
+    shared.mkdir()
+    shared.chmod(0o777)
+    store = cache.share(str(shared))
+    assert store != str(shared) and not cache._persistent  # this run's own directory instead
+    assert (os.stat(store).st_mode & 0o777) == 0o700
