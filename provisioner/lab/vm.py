@@ -136,6 +136,9 @@ def check_memory(meminfo: str, memory_mb: int = MEMORY_MB) -> None:
         )
 
 
+KERNEL_BANNER = b"Linux version"  # a kernel's first line on the serial port
+
+
 def kvm_works(probe_timeout: float = 20.0, kernel: Path | None = None) -> bool:
     """Whether hardware virtualization really runs a guest here (not only whether /dev/kvm exists).
 
@@ -165,9 +168,6 @@ def kvm_works(probe_timeout: float = 20.0, kernel: Path | None = None) -> bool:
     return bool(kernel) and KERNEL_BANNER in (out or b"")
 
 
-KERNEL_BANNER = b"Linux version"
-
-
 def accelerator(kernel: Path | None = None) -> str:
     """kvm or tcg: $PROVISIONER_LAB_ACCEL when set, else what was found to work (remembered per
     qemu binary). Given the guest's KERNEL, a verdict of the firmware-only probe is probed again
@@ -179,9 +179,9 @@ def accelerator(kernel: Path | None = None) -> str:
     with contextlib.suppress(OSError):
         stamp = f"{qemu}:{os.stat(qemu).st_mtime_ns}"
         cache = paths.lab_dir() / "vm-accel"
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             fields = cache.read_text().split()
-            known, how, accel = fields if len(fields) == 3 else (fields[0], "firmware", fields[-1])
+            known, how, accel = fields if len(fields) == 3 else (*fields[:1], "firmware", *fields[1:2])
             if known == stamp and accel in ("kvm", "tcg") and (how == "kernel" or kernel is None or accel == "tcg"):
                 return accel
         accel = "kvm" if kvm_works(kernel=kernel) else "tcg"

@@ -207,13 +207,39 @@ def test_the_accelerator_can_be_forced_and_a_dead_kvm_means_tcg(lab_dir: Path, m
     assert (lab_dir / "vm-accel").read_text().split()[1:] == ["kernel", "tcg"]
 
 
-@pytest.mark.skipif(not os.access("/dev/kvm", os.R_OK | os.W_OK) or not shutil.which("qemu-system-x86_64"),
-                    reason="needs /dev/kvm and qemu-system-x86_64")
-def test_the_kvm_probe_with_a_kernel_boots_it_and_reads_its_first_line(tmp_path: Path) -> None:
-    """A real qemu under KVM given a file that is no kernel: qemu refuses it, so no banner, no KVM."""
-    fake = tmp_path / "vmlinuz"
-    fake.write_bytes(b"not a kernel")
-    assert vm.kvm_works(probe_timeout=10, kernel=fake) is False
+def test_the_kvm_probe_wants_the_kernels_first_line_not_only_a_running_qemu(tmp_path: Path, monkeypatch) -> None:
+    """Stand-ins for qemu: firmware output then a hang (KVM that hangs the kernel), the kernel's
+    banner then an exit (a kernel that panics for want of a root), and an immediate failure."""
+    monkeypatch.setattr(vm.os, "access", lambda path, mode: True)
+    kernel = tmp_path / "vmlinuz"
+    kernel.write_bytes(b"kernel")
+
+    def qemu(body: str) -> None:
+        script = tmp_path / "qemu"
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+        monkeypatch.setattr(vm, "QEMU", str(script))
+
+    qemu("echo 'Probing EDD (edd=off to disable)... ok'; exec sleep 30")
+    assert vm.kvm_works(probe_timeout=1, kernel=kernel) is False  # the kernel never spoke
+    assert vm.kvm_works(probe_timeout=1) is True  # without a kernel: the firmware still runs
+    qemu("echo 'Linux version 6.1.0-57-amd64'; echo 'Kernel panic - not syncing: VFS'; exit 0")
+    assert vm.kvm_works(probe_timeout=5, kernel=kernel) is True
+    qemu("echo 'Linux version 6.1.0-57-amd64'; exec sleep 30")
+    assert vm.kvm_works(probe_timeout=1, kernel=kernel) is True  # spoke, then still booting
+    qemu("echo 'qemu: could not load kernel' >&2; exit 1")
+    assert vm.kvm_works(probe_timeout=5, kernel=kernel) is False and vm.kvm_works(probe_timeout=5) is False
+
+
+def test_an_empty_or_torn_accelerator_record_is_probed_again(lab_dir: Path, monkeypatch) -> None:
+    monkeypatch.delenv("PROVISIONER_LAB_ACCEL", raising=False)
+    monkeypatch.setattr(vm.shutil, "which", lambda tool: sys.executable)
+    monkeypatch.setattr(vm, "kvm_works", lambda kernel=None: False)
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    for text in ("", "only-one-field\n"):
+        (lab_dir / "vm-accel").write_text(text)
+        assert vm.accelerator() == "tcg"
+        assert (lab_dir / "vm-accel").read_text().split()[1:] == ["firmware", "tcg"]
 
 
 def test_the_console_tail_is_one_line_without_escapes(tmp_path: Path) -> None:
