@@ -4,7 +4,7 @@
 
 For each fleet size N: boots N lab servers in parallel (flt-bench-1..N), converges them once
 with `provisioner up --tags common,storage,hugepages --no-verify` (the selection of
-tests/integration/test_fleet.py; --tags another, or --full: every role, the ML environment
+tests/integration/test_fleet.py's fleet-mechanics tests; --tags another, or --full: every role, the ML environment
 from the wheelhouse, still no verify and no smoke test), then re-runs the same command --runs
 times and prints, as medians:
 
@@ -187,7 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,4,8", help="fleet sizes, comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="no-op re-runs per size (medians)")
-    parser.add_argument("--tags", default="common,storage,hugepages", help="roles to run (tests/integration/test_fleet.py's)")
+    parser.add_argument("--tags", default="common,storage,hugepages", help="roles to run (test_fleet.py's fleet-mechanics selection)")
     parser.add_argument("--full", action="store_true", help="every role of site.yml (the ML stack from the wheelhouse)")
     args = parser.parse_args()
     selection = ["--no-verify", "--tags", args.tags]

@@ -1,15 +1,14 @@
 """`provisioner up` on a fleet of four lab servers at once, over real SSH.
 
-The runs apply roles common, storage and hugepages only (`--tags`), so without the ML
-environment, the model server, the smoke test (a tagged run has none) and verify
-(`--no-verify`). What is proven here is fleet behaviour: every host converged in one run, a
-second run changing nothing on any of them, a rolling run stopping at its failure threshold,
-an unreachable host dropping out while the others finish. None of it depends on which roles
-run, and the roles themselves are proven elsewhere (tests/integration/test_up.py, the molecule
-scenarios). The cost decides: `--skip-tags mlstack,serving` (every other role, 350 tasks and
-four package installs per host) took 5 min for the first run alone on four servers sharing
-this machine's two cores; the ML install would add minutes more. The four servers boot in
-parallel and are shared by every test of this module.
+The module's first run is the whole `provisioner up` with the smoke test left out: every role
+of site.yml, the ML environment from a wheelhouse (role mlstack's default components, the one
+tests/integration/test_up.py builds: a plain `up` installs them) and verify on every host. The
+second run is the same `up` without verify (the first one's passed on every host): it must
+change nothing on any host.
+The later tests prove fleet mechanics (a rolling run stopping at its failure threshold, bad
+batch sizes refused, an unreachable host dropping out while the others finish) with roles
+common, storage and hugepages only (`--tags`, no verify), since none of that depends on which
+roles run. The four servers boot in parallel and are shared by every test of this module.
 """
 
 from __future__ import annotations
@@ -23,20 +22,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provisioner import lab
+from provisioner import bundle, lab
 from provisioner.errors import ExitCode
 
 pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
 NAMES = ("flt-1", "flt-2", "flt-3", "flt-4")
-# Three plays after the input check (see the docstring for why no more).
+ROOT = Path(__file__).resolve().parents[2]
+# The fleet mechanics' runs: three plays after the input check (see the docstring).
 SELECTION = ("--tags", "common,storage,hugepages", "--no-verify")
 
 
-def cli_json(*args: str) -> tuple[int, dict, list[str]]:
+def cli_json(*args: str, timeout: int = 900) -> tuple[int, dict, list[str]]:
     """The exit code, the command's data and its errors, from the JSON envelope."""
-    r = subprocess.run([str(BIN), *args, "--json"], capture_output=True, text=True, timeout=900)
+    r = subprocess.run([str(BIN), *args, "--json"], capture_output=True, text=True, timeout=timeout)
     assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
     envelope = json.loads(r.stdout)
     assert envelope["exit_code"] == r.returncode, envelope
@@ -54,18 +54,22 @@ def statuses(data: dict) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def fleet(lab_requirements, tmp_path_factory):
     """Four lab servers booted in parallel, one inventory with all of them (in NAMES order),
-    the first `up` and the second one."""
-    with ThreadPoolExecutor(len(NAMES)) as pool:
-        servers = list(pool.map(lab.up, NAMES))
+    the first whole `up` (no smoke test) and the second one."""
+    components = yaml.safe_load((ROOT / "roles" / "mlstack" / "defaults" / "main.yml").read_text())["mlstack_components"]
     try:
+        with ThreadPoolExecutor(len(NAMES) + 1) as pool:
+            built = pool.submit(bundle.build_wheelhouse, bundle.default_wheelhouse(), components)
+            servers = list(pool.map(lab.up, NAMES))
+            whole = ("--no-smoke", "-e", f"mlstack_wheelhouse={built.result().path}")
         hosts = {}
         for server in servers:
             inv = yaml.safe_load(server.inventory.read_text())
             hosts.update(inv["all"]["children"]["lab"]["hosts"])
         inventory = tmp_path_factory.mktemp("fleet") / "hosts.yml"
         inventory.write_text(yaml.safe_dump({"all": {"children": {"fleet": {"hosts": hosts}}}}, sort_keys=False))
-        first = cli_json("up", "-i", str(inventory), *SELECTION)
-        second = cli_json("up", "-i", str(inventory), *SELECTION)
+        # Timeouts guard against a hung run, they are no speed limit.
+        first = cli_json("up", "-i", str(inventory), *whole, timeout=2400)
+        second = cli_json("up", "-i", str(inventory), *whole, "--no-verify", timeout=1200)
         yield {"servers": dict(zip(NAMES, servers, strict=True)), "inventory": str(inventory), "first": first, "second": second}
     finally:
         for name in NAMES:
@@ -77,6 +81,14 @@ def test_one_run_converges_every_host_and_a_second_changes_nothing(fleet):
     assert rc == ExitCode.OK, errors
     assert first["summary"]["hosts"] == len(NAMES)
     assert all(first["hosts"][n]["changed"] > 0 and first["hosts"][n]["failed"] == 0 for n in NAMES), first["hosts"]
+    # Every role ran on every host: the ML environment and monitoring included.
+    for name in NAMES:
+        assert first["plan"][name]["values"]["threads_per_job"] >= 1, first["plan"][name]
+        checks = first["verify"]["hosts"][name]
+        assert [c for c in checks if c["outcome"] not in ("passed", "skipped")] == [], (name, checks)
+        passed = {c["check"].split("[", 1)[0] for c in checks if c["outcome"] == "passed"}
+        assert {"test_doctor_passes", "test_metrics_answer_over_http_with_the_collectors_on"} <= passed, (name, passed)
+    assert first["verify"]["exit_code"] == ExitCode.OK
     rc, second, errors = fleet["second"]
     assert rc == ExitCode.OK, errors
     assert {n: h["changed"] for n, h in second["hosts"].items()} == dict.fromkeys(NAMES, 0)
