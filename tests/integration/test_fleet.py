@@ -29,7 +29,6 @@ pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
 NAMES = ("flt-1", "flt-2", "flt-3", "flt-4")
-ROOT = Path(__file__).resolve().parents[2]
 # The fleet mechanics' runs: three plays after the input check (see the docstring).
 SELECTION = ("--tags", "common,storage,hugepages", "--no-verify")
 
@@ -55,10 +54,9 @@ def statuses(data: dict) -> dict[str, str]:
 def fleet(lab_requirements, tmp_path_factory):
     """Four lab servers booted in parallel, one inventory with all of them (in NAMES order),
     the first whole `up` (no smoke test) and the second one."""
-    components = yaml.safe_load((ROOT / "roles" / "mlstack" / "defaults" / "main.yml").read_text())["mlstack_components"]
     try:
         with ThreadPoolExecutor(len(NAMES) + 1) as pool:
-            built = pool.submit(bundle.build_wheelhouse, bundle.default_wheelhouse(), components)
+            built = pool.submit(bundle.build_wheelhouse, bundle.default_wheelhouse(), list(bundle.DEFAULT_COMPONENTS))
             servers = list(pool.map(lab.up, NAMES))
             whole = ("--no-smoke", "-e", f"mlstack_wheelhouse={built.result().path}")
         hosts = {}

@@ -19,7 +19,6 @@ from provisioner.errors import ExitCode
 pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
@@ -64,8 +63,8 @@ def wheelhouse():
     components): the targets install with no index, what a plain `provisioner up` installs."""
     from provisioner import bundle
 
-    defaults = yaml.safe_load((ROOT / "roles" / "mlstack" / "defaults" / "main.yml").read_text())
-    return bundle.build_wheelhouse(bundle.default_wheelhouse(), defaults["mlstack_components"]).path
+    # bundle.DEFAULT_COMPONENTS is role mlstack's default list (tests/unit/test_bundle.py holds them equal).
+    return bundle.build_wheelhouse(bundle.default_wheelhouse(), list(bundle.DEFAULT_COMPONENTS)).path
 
 
 @pytest.fixture(scope="module")
