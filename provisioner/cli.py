@@ -397,17 +397,28 @@ def lab_up(
     boot_timeout: Annotated[
         float, typer.Option("--boot-timeout", help="With --vm: seconds to wait for ssh before the VM is removed.")
     ] = 600.0,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="As a minimal install leaves a server: no python3-apt, no /etc/hosts, its host key in no known_hosts.",
+        ),
+    ] = False,
     json: Json = False,
 ) -> None:
     """Boot a disposable Debian 12 server (systemd-nspawn, or qemu with --vm) and print how to reach it."""
-    _finish("lab up", json, lambda _: _lab_up(name, device or [], vm, drives, drive_size, boot_timeout), render.lab_server)
+    _finish("lab up", json, lambda _: _lab_up(name, device or [], vm, drives, drive_size, boot_timeout, fresh), render.lab_server)
 
 
-def _lab_up(name: str, devices: list[str], vm: bool, drives: int, drive_size: str, boot_timeout: float) -> Result[Any]:
+def _lab_up(
+    name: str, devices: list[str], vm: bool, drives: int, drive_size: str, boot_timeout: float, fresh: bool = False
+) -> Result[Any]:
     if not vm:
         if drives or drive_size != "4G" or boot_timeout != 600.0:
             raise BadInput("--drives, --drive-size and --boot-timeout are for lab VMs: add --vm")
-        return commands.lab_up(name, devices)
+        return commands.lab_up(name, devices, fresh)
+    if fresh:
+        raise BadInput("--fresh is for container lab servers: leave out --vm")
     if devices:
         raise BadInput("--device is for container lab servers: a lab VM gets virtual drives with --drives N")
     if boot_timeout <= 0:

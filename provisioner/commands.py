@@ -546,10 +546,10 @@ def serve_load(inventory: Path | None, model: str, source: Path, **run_options: 
 # ---------------------------------------------------------------- lab servers
 
 
-def lab_up(name: str, devices: Sequence[str] = ()) -> Result[Any]:
+def lab_up(name: str, devices: Sequence[str] = (), fresh: bool = False) -> Result[Any]:
     from . import lab
 
-    return Result("lab up", lab.up(name, devices=list(devices)))
+    return Result("lab up", lab.up(name, devices=list(devices), fresh=fresh))
 
 
 def lab_down(name: str) -> Result[dict[str, Any]]:

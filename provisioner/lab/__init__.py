@@ -10,6 +10,8 @@ throwing it away discards every change.
 Layout:
     cache_dir()/bookworm-KEY.tar.zst   the mmdebstrap tarball (KEY hashes the recipe)
     cache_dir()/bookworm-KEY/          the extracted rootfs (overlay lowerdir, never written)
+    cache_dir()/bookworm-fresh-KEY*    the same for `up(NAME, fresh=True)`: a server as a minimal
+                                       install leaves it, its inventory's known_hosts empty
     lab_dir()/id_ed25519[.pub]         the lab key pair (root login on every server)
     lab_dir()/ip_forward.saved         host's net.ipv4.ip_forward before the first server
     lab_dir()/NAME/                    upper/ work/ merged/ state.json console.log

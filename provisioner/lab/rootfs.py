@@ -1,5 +1,7 @@
-"""The one read-only Debian 12 rootfs every lab server's overlay sits on: built with
-mmdebstrap from the host's apt sources, cached as a tarball, extracted once."""
+"""The read-only Debian 12 rootfs a lab server's overlay sits on: built with mmdebstrap from
+the host's apt sources, cached as a tarball, extracted once. Two flavours: the lab's own
+(python3-apt in, apt's daily timers masked) and "fresh", as a minimal install leaves a server
+(minbase plus what a login and Ansible need: no python3-apt, no lsb-release, no /etc/hosts)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from provisioner import paths
@@ -38,6 +41,29 @@ CUSTOMIZE_HOOKS: tuple[str, ...] = (
     'ln -sf /dev/null "$1"/etc/systemd/system/apt-daily.timer',
     'ln -sf /dev/null "$1"/etc/systemd/system/apt-daily-upgrade.timer',
 )
+
+# "fresh": a server as the smallest installers leave it. Nothing the product installs itself
+# (python3-apt), nothing masked; only the host keys go, each server makes its own at `up` as
+# a fresh install does at first boot.
+FRESH_INCLUDE: tuple[str, ...] = tuple(p for p in INCLUDE if p != "python3-apt")
+FRESH_HOOKS: tuple[str, ...] = ('rm -f "$1"/etc/ssh/ssh_host_*', 'rm -f "$1"/etc/hosts')
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    include: tuple[str, ...]
+    hooks: tuple[str, ...]
+    prefix: str  # of the cached tarball and directory: SUITE-KEY for the lab's own, SUITE-fresh-KEY
+
+
+LAB = Flavour("lab", INCLUDE, CUSTOMIZE_HOOKS, SUITE)
+FRESH = Flavour("fresh", FRESH_INCLUDE, FRESH_HOOKS, f"{SUITE}-fresh")
+
+
+def flavour(fresh: bool) -> Flavour:
+    return FRESH if fresh else LAB
+
 
 HOST_SOURCES_LIST = Path("/etc/apt/sources.list")
 HOST_SOURCES_DIR = Path("/etc/apt/sources.list.d")
@@ -73,34 +99,34 @@ def host_acquire_confs() -> list[Path]:
     return chosen
 
 
-def rootfs_key(sources: Sequence[str], aptopts: Sequence[str]) -> str:
+def rootfs_key(sources: Sequence[str], aptopts: Sequence[str], kind: Flavour = LAB) -> str:
     """Hash of everything that decides the rootfs content (the texts of the sources and apt options)."""
     recipe = {
         "suite": SUITE,
         "variant": VARIANT,
-        "include": sorted(INCLUDE),
-        "hooks": list(CUSTOMIZE_HOOKS),
+        "include": sorted(kind.include),
+        "hooks": list(kind.hooks),
         "sources": list(sources),
         "aptopts": list(aptopts),
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def mmdebstrap_cmd(target: Path, sources: Sequence[Path], aptopts: Sequence[Path]) -> list[str]:
-    cmd = ["mmdebstrap", f"--variant={VARIANT}", f"--include={','.join(INCLUDE)}"]
+def mmdebstrap_cmd(target: Path, sources: Sequence[Path], aptopts: Sequence[Path], kind: Flavour = LAB) -> list[str]:
+    cmd = ["mmdebstrap", f"--variant={VARIANT}", f"--include={','.join(kind.include)}"]
     cmd += [f"--aptopt={p}" for p in aptopts]
-    cmd += [f"--customize-hook={hook}" for hook in CUSTOMIZE_HOOKS]
+    cmd += [f"--customize-hook={hook}" for hook in kind.hooks]
     return [*cmd, SUITE, str(target), *(str(p) for p in sources)]
 
 
-def _build_tarball(tarball: Path) -> None:
+def _build_tarball(tarball: Path, kind: Flavour) -> None:
     """mmdebstrap into a temporary name, then rename atomically."""
     partial = tarball.with_name(f".partial-{os.getpid()}-{tarball.name}")
     log = tarball.with_name(tarball.name.removesuffix(".tar.zst") + ".build.log")
     try:
         with open(log, "w") as out:
             run(
-                mmdebstrap_cmd(partial, host_sources(), host_acquire_confs()),
+                mmdebstrap_cmd(partial, host_sources(), host_acquire_confs(), kind),
                 "building the lab rootfs with mmdebstrap failed",
                 f"see {log}",
                 error=LabError,
@@ -139,18 +165,20 @@ def _extract(tarball: Path, rootfs: Path) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def ensure_rootfs() -> Path:
-    """The extracted, read-only lab rootfs; built and extracted once, then cached."""
+def ensure_rootfs(fresh: bool = False) -> Path:
+    """The extracted, read-only lab rootfs (the fresh-install one with FRESH); built and
+    extracted once, then cached."""
     check_environment()
+    kind = flavour(fresh)
     cache = paths.cache_dir()
-    key = rootfs_key([p.read_text() for p in host_sources()], [p.read_text() for p in host_acquire_confs()])
-    tarball = cache / f"{SUITE}-{key}.tar.zst"
-    rootfs = cache / f"{SUITE}-{key}"
+    key = rootfs_key([p.read_text() for p in host_sources()], [p.read_text() for p in host_acquire_confs()], kind)
+    tarball = cache / f"{kind.prefix}-{key}.tar.zst"
+    rootfs = cache / f"{kind.prefix}-{key}"
     if rootfs.is_dir():
         return rootfs
     with locked(cache / ".rootfs.lock"):
         if not tarball.is_file():
-            _build_tarball(tarball)
+            _build_tarball(tarball, kind)
         if not rootfs.is_dir():
             _extract(tarball, rootfs)
     return rootfs

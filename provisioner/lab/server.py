@@ -29,17 +29,17 @@ def frozen() -> contextlib.AbstractContextManager[None]:
     return locked(paths.lab_dir() / ".lock")
 
 
-def _create(name: str, devices: list[str], rootfs: Path) -> LabServer:
+def _create(name: str, devices: list[str], rootfs: Path, fresh: bool = False) -> LabServer:
     root = server_dir(name)
     root.mkdir(parents=True)
     root.chmod(0o700)
     key = lab_key()
     host_ip, address = network.subnet(network.allocate_index(all_states()))
-    state: dict[str, Any] = {"name": name, "address": address, "root": str(root), "devices": devices}
+    state: dict[str, Any] = {"name": name, "address": address, "root": str(root), "devices": devices, "fresh": fresh}
     write_state(name, state)
     merged = mount_overlay(rootfs, root)
-    host_key = prepare_overlay(merged, name, key.with_name(key.name + ".pub").read_text())
-    write_client_files(root, name, address, key, host_key)
+    host_key = prepare_overlay(merged, name, key.with_name(key.name + ".pub").read_text(), fresh)
+    write_client_files(root, name, address, key, host_key, fresh=fresh)
     console = root / "console.log"
     state["pid"] = processes.spawn(merged, name, devices, console)
     write_state(name, state)
@@ -62,6 +62,7 @@ def _create(name: str, devices: list[str], rootfs: Path) -> LabServer:
         host_veth=state["host_veth"],
         devices=devices,
         alive=True,
+        fresh=fresh,
     )
     write_state(name, server.to_dict(), indent=2)
     return server
@@ -137,24 +138,31 @@ def _keep_console(name: str) -> Path | None:
     return None
 
 
-def up(name: str, *, devices: Sequence[str] = ()) -> LabServer:
+def up(name: str, *, devices: Sequence[str] = (), fresh: bool = False) -> LabServer:
     """Boot lab server NAME, or return it unchanged if it is running (devices included).
 
+    FRESH: from the fresh-install rootfs (no python3-apt, no /etc/hosts) with an empty
+    known_hosts in its inventory, as a new server meets a control node that never saw it.
     A stale NAME (its nspawn process died, or an earlier up failed half way) is torn
     down and created again. Any failure tears down what this call made.
     """
     validate_name(name)
     check_environment()
     checked = check_devices(devices)
-    rootfs = ensure_rootfs()
+    rootfs = ensure_rootfs(fresh)
     with frozen():
         existing = server_from_state(read_state(name))
         if existing is not None and existing.alive:
+            if existing.kind == "container" and existing.fresh != fresh:
+                was, asked = ("fresh", "lab") if existing.fresh else ("lab", "fresh")
+                raise LabError(
+                    f"lab server {name} runs as a {was} server, not a {asked} one: take it down first (lab down {name})"
+                )
             return existing
         _teardown(name, graceful=False)
         _failed_console(name).unlink(missing_ok=True)
         try:
-            return _create(name, checked, rootfs)
+            return _create(name, checked, rootfs, fresh)
         except BaseException as exc:
             kept = _keep_console(name)
             with contextlib.suppress(Exception):

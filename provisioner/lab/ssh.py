@@ -61,12 +61,16 @@ def _enable_sshd(merged: Path) -> None:
         link.symlink_to("/lib/systemd/system/ssh.service")
 
 
-def prepare_overlay(merged: Path, name: str, lab_pub: str) -> list[str]:
-    """Hostname, host key, root's authorized key, resolv.conf, sshd enabled; returns the host key."""
+def prepare_overlay(merged: Path, name: str, lab_pub: str, fresh: bool = False) -> list[str]:
+    """Hostname, host key, root's authorized key, resolv.conf, sshd enabled; returns the host key.
+
+    FRESH (a server as a minimal install leaves it): no /etc/hosts is written either.
+    """
     _replace_file(merged / "etc" / "hostname", f"{name}\n")
-    hosts = merged / "etc" / "hosts"
-    base = hosts.read_text() if hosts.is_file() else "127.0.0.1\tlocalhost\n"
-    _replace_file(hosts, base.rstrip("\n") + f"\n127.0.1.1\t{name}\n")
+    if not fresh:
+        hosts = merged / "etc" / "hosts"
+        base = hosts.read_text() if hosts.is_file() else "127.0.0.1\tlocalhost\n"
+        _replace_file(hosts, base.rstrip("\n") + f"\n127.0.1.1\t{name}\n")
     host_key = _host_key(merged, name)
     ssh_root = merged / "root" / ".ssh"
     ssh_root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -81,9 +85,14 @@ def prepare_overlay(merged: Path, name: str, lab_pub: str) -> list[str]:
 VM_SSH_TIMEOUT_S = 60
 
 
-def inventory(name: str, address: str, key: Path, known_hosts: Path, port: int = 22) -> dict[str, Any]:
-    """An Ansible inventory with the one server in group `lab`, its host key checked strictly."""
-    ssh_opts = f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes -o ControlMaster=no -o ControlPath=none"
+def inventory(name: str, address: str, key: Path, known_hosts: Path, port: int = 22, fresh: bool = False) -> dict[str, Any]:
+    """An Ansible inventory with the one server in group `lab`, its host key checked strictly.
+
+    FRESH: host key checking as a user's inventory leaves it (no StrictHostKeyChecking of its
+    own: Ansible's default, on), against a known_hosts that has never seen the server.
+    """
+    strict = "" if fresh else " -o StrictHostKeyChecking=yes"
+    ssh_opts = f"-o UserKnownHostsFile={known_hosts}{strict} -o ControlMaster=no -o ControlPath=none"
     host: dict[str, Any] = {
         "ansible_host": address,
         "ansible_user": "root",
@@ -119,14 +128,30 @@ def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int 
     )
 
 
-def write_client_files(root: Path, name: str, address: str, key: Path, host_key: list[str], port: int = 22) -> None:
-    """ROOT/known_hosts, ROOT/inventory.yml and ROOT/ssh_config for server NAME (sshd on PORT)."""
+# A fresh server's host key as the lab recorded it: for ssh_config (the lab's and the tests'
+# own way in), never for the inventory, whose known_hosts starts empty.
+LAB_KNOWN_HOSTS = "lab_known_hosts"
+
+
+def write_client_files(
+    root: Path, name: str, address: str, key: Path, host_key: list[str], port: int = 22, fresh: bool = False
+) -> None:
+    """ROOT/known_hosts, ROOT/inventory.yml and ROOT/ssh_config for server NAME (sshd on PORT).
+
+    FRESH: ROOT/known_hosts is empty (the inventory's, as on a control node that never saw the
+    server) and the key goes to ROOT/lab_known_hosts, which only ssh_config reads.
+    """
     known_hosts = root / "known_hosts"
     host = address if port == 22 else f"[{address}]:{port}"
-    write_file(known_hosts, f"{host} {host_key[0]} {host_key[1]}\n")
-    inv = inventory(name, address, key, known_hosts, port)
+    record = f"{host} {host_key[0]} {host_key[1]}\n"
+    write_file(known_hosts, "" if fresh else record)
+    trusted = known_hosts
+    if fresh:
+        trusted = root / LAB_KNOWN_HOSTS
+        write_file(trusted, record)
+    inv = inventory(name, address, key, known_hosts, port, fresh)
     write_file(root / "inventory.yml", yaml.safe_dump(inv, sort_keys=False))
-    write_file(root / "ssh_config", ssh_config(name, address, key, known_hosts, port))
+    write_file(root / "ssh_config", ssh_config(name, address, key, trusted, port))
 
 
 def new_host_key(directory: Path, name: str) -> list[str]:

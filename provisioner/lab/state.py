@@ -43,6 +43,8 @@ class LabServer:
     port: int = 22
     # A VM's NVMe drives as the guest names them (/dev/disk/by-id/...).
     drives: list[str] = field(default_factory=list)
+    # Booted from the fresh-install rootfs, its inventory's known_hosts empty (lab up --fresh).
+    fresh: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -78,6 +80,7 @@ class LabServer:
             accel=data.get("accel", ""),
             port=data.get("port", 22),
             drives=list(data.get("drives") or []),
+            fresh=bool(data.get("fresh", False)),
         )
 
 
