@@ -77,3 +77,26 @@ def test_a_failed_member_stays_drift_while_a_spare_rebuilds(tmp_path: Path) -> N
 
 def test_the_first_sync_of_a_new_array_is_not_drift(tmp_path: Path) -> None:
     assert probe(tmp_path, RESYNC)[1] == "ok"
+
+
+def test_members_declared_by_stable_id_are_resolved_and_a_lost_one_is_named_by_it(tmp_path: Path) -> None:
+    """The role declares the drives as storage_devices names them (a lost drive has no kernel name,
+    and a reboot may rename the others): a /dev/disk/by-id link on the host counts as the drive it
+    points to, one that is gone is named by its id; a serial: id is counted, not named."""
+    by_id = tmp_path / "dev/disk/by-id"
+    by_id.mkdir(parents=True)
+    (tmp_path / "dev/nvme0n1").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "dev/nvme0n1").write_text("")
+    (by_id / "nvme-QEMU_DATA0").symlink_to("../../nvme0n1")
+    lost = "/dev/disk/by-id/nvme-QEMU_DATA1"
+    declared = {**CHECK, "members": ["/dev/disk/by-id/nvme-QEMU_DATA0", lost]}
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/mdstat").write_text(DEGRADED)
+    (tmp_path / "dev/md").mkdir()
+    (tmp_path / "dev/md127").write_text("")
+    (tmp_path / "dev/md/data").symlink_to("../md127")
+    probes = status.Probes(str(tmp_path))
+    live, state, reason = probes.measure(declared)
+    assert state == "drifted" and reason == f"/dev/md/data is degraded: {lost} missing", (live, reason)
+    by_serial = {**CHECK, "members": ["/dev/disk/by-id/nvme-QEMU_DATA0", "serial:DATA1"]}
+    assert probes.measure(by_serial)[2] == "/dev/md/data is degraded: a member is missing"

@@ -489,12 +489,22 @@ class Probes:
         array = parse_mdstat(text).get(name)
         if array is None:
             return "absent", DRIFTED, f"{device} ({name}) is not in /proc/mdstat"
-        live = describe_md(name, array, check.get("members", []))
+        members = [self._member_name(str(m)) for m in check.get("members", [])]
+        live = describe_md(name, array, [m for m in members if m])
         if not array["active"]:
             return live, DRIFTED, f"{device} is {array['state']}"
         if array["degraded"] and not recovering(array):
             return live, DRIFTED, f"{device} is degraded: " + live.split(" degraded: ", 1)[-1]
         return live, OK, ""
+
+    def _member_name(self, member: str) -> str:
+        """A declared member as /proc/mdstat names it: a /dev/... path (a stable id) by the kernel name
+        it points to, the path itself when it is not on the host (a lost drive, named so); a
+        serial:/wwn: id is not resolved here ("" : a missing one is counted, not named)."""
+        if member.startswith("/dev/"):
+            path = self.path(member)
+            return os.path.basename(os.path.realpath(path)) if os.path.exists(path) else member
+        return "" if member.startswith(("serial:", "wwn:")) else member
 
     # the ML stack's doctor
     # systemd units: "active enabled" (or whatever states the role expects)
