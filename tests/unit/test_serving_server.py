@@ -856,3 +856,109 @@ def test_bad_config_and_a_taken_admin_port_are_one_line_and_exit_2(tmp_path: Pat
         [sys.executable, str(SERVER), "--config", str(config_path), "--worker", "0"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and "cache_budget_bytes" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# A refused body: every client gets the answer and its reason, none a connection reset
+
+BIG = 10 << 20  # ten MiB: far above the shared server's 4096-byte max_body_bytes and the socket buffers
+
+
+def oversized_body() -> bytes:
+    # valid JSON, so only its size is wrong
+    return json.dumps({"features": {"f0": 1.0}, "pad": "x" * BIG}).encode()
+
+
+def read_answer(sock: socket.socket, buffered: bytes = b"") -> tuple[int, dict[str, str], Any, bytes]:
+    """One HTTP response off SOCK: status, headers, JSON body, and what came after it."""
+    raw = buffered
+    while b"\r\n\r\n" not in raw:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed before answering: {raw!r}"
+        raw += chunk
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers["content-length"])
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed in the middle of its answer"
+        rest += chunk
+    return int(lines[0].split()[1]), headers, json.loads(rest[:length]), rest[length:]
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "reason"),
+    [
+        ("/v1/models/reg/1/predict", 413, "body of {size} bytes is above max_body_bytes 4096"),
+        # refused before the body is looked at: the same unread body behind it
+        ("/v1/models/nosuch/1/predict", 404, "no model version nosuch/1 in the registry"),
+    ],
+)
+def test_a_refused_big_body_gets_its_answer_with_urllib(shared: dict[str, Any], path: str, status: int, reason: str) -> None:
+    """urllib sends no Expect: 100-continue and Connection: close; it writes the whole body
+    before it reads a byte (before, the server's close over the unread body reset the
+    connection: URLError "Connection reset by peer")."""
+    import urllib.error
+    import urllib.request
+
+    server = shared["server"]
+    body = oversized_body()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}{path}", data=body, headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    assert caught.value.code == status
+    assert json.loads(caught.value.read()) == {"error": reason.format(size=len(body))}
+
+
+@pytest.mark.parametrize("connection", ["keep-alive", "close"])
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_an_oversized_body_sent_whole_gets_413_and_no_reset(shared: dict[str, Any], framing: str, connection: str) -> None:
+    """A raw client: the head and the whole body in one sendall (no Expect), then the answer read
+    off the same socket; then a second request on it, or (Connection: close) the server's clean
+    end of the connection, not a reset."""
+    server = shared["server"]
+    body = oversized_body()
+    path = "/v1/models/reg/1/predict/batch"
+    if framing == "chunked":  # no Content-Length: the server finds out while it reads
+        parts = (body[i : i + 65536] for i in range(0, len(body), 65536))
+        wire = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
+        framing_header = "Transfer-Encoding: chunked"
+        reason = "body above max_body_bytes 4096"
+    else:
+        wire = body
+        framing_header = f"Content-Length: {len(body)}"
+        reason = f"body of {len(body)} bytes is above max_body_bytes 4096"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{framing_header}\r\n"
+        f"Connection: {connection}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head.encode() + wire)  # ConnectionResetError here, or in recv, is the bug
+        status, headers, doc, rest = read_answer(sock)
+        assert (status, doc) == (413, {"error": reason})
+        if connection == "close":
+            assert headers["connection"] == "close"
+            assert rest == b"" and sock.recv(65536) == b"", "the server's end of the connection"
+            return
+        assert headers.get("connection") != "close", "the body was read to its end: the connection is still good"
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, _, doc, _ = read_answer(sock, rest)
+        assert (status, doc) == (200, {"status": "ok", "worker": 0})
+
+
+def test_an_oversized_body_announced_with_expect_gets_413_before_it_is_sent(shared: dict[str, Any]) -> None:
+    """curl's way: the client waits for 100 Continue; the server answers 413 at once instead,
+    never asks for the body, and closes (the client may or may not send it)."""
+    server = shared["server"]
+    head = (
+        "POST /v1/models/reg/1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {BIG}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head.encode())
+        status, headers, doc, rest = read_answer(sock)
+        assert (status, doc) == (413, {"error": f"body of {BIG} bytes is above max_body_bytes 4096"})
+        assert headers["connection"] == "close" and rest == b"" and sock.recv(1) == b""

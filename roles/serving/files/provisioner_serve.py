@@ -64,6 +64,14 @@ DRAIN_SECONDS = 3.0
 BACKLOG = 2048
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SD_LISTEN_FDS_START = 3
+# A response sent before the request body was read (a 413 for its size, a 404 for its model)
+# leaves the body in the socket; closing over unread data makes the kernel answer with a reset
+# that can reach the client before the response does (RFC 9112, 9.6). So the rest of the body
+# is read and thrown away first, as nginx's lingering close does for 30 s, up to this many
+# bytes (or max_body_bytes, when larger) and this many seconds; beyond either the response goes
+# at once with Connection: close.
+DISCARD_BYTES = 64 << 20
+DISCARD_SECONDS = 30.0
 _NUMBERS = frozenset((int, float))
 
 
@@ -958,7 +966,7 @@ class Worker:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        return Starlette(
+        app = Starlette(
             routes=[
                 Route("/v1/models/{name}/{version}/predict", self.predict, methods=["POST"]),
                 Route("/v1/models/{name}/{version}/predict/batch", self.predict_batch, methods=["POST"]),
@@ -969,6 +977,71 @@ class Worker:
             ],
             exception_handlers={404: self.not_found, 405: self.not_found},
         )
+        return DiscardUnreadBody(app, max(DISCARD_BYTES, self.max_body))
+
+
+class DiscardUnreadBody:
+    """ASGI middleware: before a response starts, the request body the app left unread is read
+    and thrown away (up to `limit` bytes and DISCARD_SECONDS), so a client that sends its whole
+    body before reading (no `Expect: 100-continue`: urllib, requests) gets the response instead
+    of a connection reset. A client that asked for 100 Continue and was not told to send gets
+    the response at once with `Connection: close`, as does a body larger than the limit."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        try:
+            declared = int(length) if length is not None else None
+        except ValueError:
+            declared = None
+        chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        state = {
+            "unread": chunked or bool(declared),  # a body the app has not read to its end
+            "asked": False,  # the app called receive (so the server sent 100 Continue, if asked for)
+        }
+        expects = headers.get(b"expect", b"").lower() == b"100-continue"
+
+        async def tracked_receive() -> Any:
+            state["asked"] = True
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                state["unread"] = False
+            return message
+
+        async def discarding_send(message: Any) -> None:
+            if message["type"] == "http.response.start" and state["unread"]:
+                state["unread"] = False
+                if not await self.discard(receive, declared, expects and not state["asked"]):
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, tracked_receive, discarding_send)
+
+    async def discard(self, receive: Callable[[], Any], declared: int | None, not_sent: bool) -> bool:
+        """True when the rest of the body was read (the connection stays usable)."""
+        if not_sent or (declared is not None and declared > self.limit):
+            return False
+        read = 0
+        try:
+            async with asyncio.timeout(DISCARD_SECONDS):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return False  # the client went away
+                    read += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return True
+                    if read > self.limit:
+                        return False
+        except TimeoutError:
+            return False
 
 
 def _no_constant(name: str) -> None:
