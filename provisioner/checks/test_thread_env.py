@@ -48,6 +48,7 @@ def expected(te):
     """Variable -> value every way work starts must show."""
     threads = str(int(te["thread_env_threads"]))
     values = {name: threads for name in te["thread_env_variables"]}
+    values["PROVISIONER_THREADS"] = threads  # what the ML environment's hook splits among joblib's workers
     values.update({name: str(int(te[option])) for name, (option, _) in SCALED.items()})
     if te["thread_env_tf_onednn"]:
         values["TF_ENABLE_ONEDNN_OPTS"] = "1"

@@ -382,3 +382,64 @@ def test_script_runs_by_its_shebang():
         [str(ML_ENV), "--cores", "2", "--", "sh", "-c", "echo $OMP_NUM_THREADS"], capture_output=True, text=True, timeout=30
     )
     assert (r.returncode, r.stdout.strip()) == (0, "2")
+
+
+# --------------------------------------------------------------------------
+# the ML environment on PATH, and the count joblib's workers split
+# --------------------------------------------------------------------------
+
+
+def test_every_trial_carries_the_count_its_variables_hold():
+    """PROVISIONER_THREADS = the trial's threads: the ML environment's start-up hook divides
+    exactly that among a trial's joblib workers (and leaves a variable set to anything else)."""
+    runs = ml_env.plan_trials(4, 16, False, [[c] for c in range(16)], {"cores": "16"}, {"PROVISIONER_THREADS": "16"})
+    assert {env["PROVISIONER_THREADS"] for env, _ in runs} == {"4"}
+    assert all(env["OMP_NUM_THREADS"] == env["PROVISIONER_THREADS"] for env, _ in runs)
+    one = ml_env.trial_env({}, 0, 1, 16, {"cores": "16"})
+    assert one["PROVISIONER_THREADS"] == "16"
+    assert "PROVISIONER_THREADS" in ml_env.shown_keys(one, {})
+
+
+def test_the_ml_environment_comes_first_on_the_commands_path(tmp_path):
+    bindir = tmp_path / "mlstack" / "bin"
+    bindir.mkdir(parents=True)
+    config = {"path": str(bindir)}
+    env = ml_env.with_ml_path({"PATH": "/usr/local/bin:/usr/bin:/bin"}, config)
+    assert env["PATH"] == f"{bindir}:/usr/local/bin:/usr/bin:/bin"
+    # Already on PATH further back: moved to the front, not repeated.
+    again = ml_env.with_ml_path({"PATH": f"/usr/bin:{bindir}:/bin"}, config)
+    assert again["PATH"] == f"{bindir}:/usr/bin:/bin"
+    # No PATH at all: the system's default search path after it.
+    assert ml_env.with_ml_path({}, config)["PATH"] == ":".join([str(bindir), *(p for p in os.defpath.split(":") if p)])
+
+
+def test_a_venv_the_caller_activated_and_a_missing_environment_leave_path_alone(tmp_path):
+    bindir = tmp_path / "mlstack" / "bin"
+    bindir.mkdir(parents=True)
+    base = {"PATH": "/home/u/venv/bin:/usr/bin", "VIRTUAL_ENV": "/home/u/venv"}
+    assert ml_env.with_ml_path(base, {"path": str(bindir)}) == base
+    # Activated the ML environment itself: it is put first all the same.
+    own = {"PATH": "/usr/bin", "VIRTUAL_ENV": str(bindir.parent)}
+    assert ml_env.with_ml_path(own, {"path": str(bindir)})["PATH"] == f"{bindir}:/usr/bin"
+    plain = {"PATH": "/usr/bin"}
+    assert ml_env.with_ml_path(plain, {"path": str(tmp_path / "absent" / "bin")}) == plain
+    assert ml_env.with_ml_path(plain, {}) == plain
+
+
+def test_python_resolves_to_the_ml_environment_inside_ml_env(tmp_path):
+    """For real: `ml-env --trials 2 -- python ...` runs the ML environment's python, found on the
+    PATH ml-env gives the command (here a stand-in environment whose python says who it is)."""
+    bindir = tmp_path / "mlstack" / "bin"
+    bindir.mkdir(parents=True)
+    fake = bindir / "python"
+    fake.write_text('#!/bin/sh\necho "mlstack $ML_ENV_TRIAL $PROVISIONER_THREADS"\n')
+    fake.chmod(0o755)
+    conf = tmp_path / "threads.conf"
+    conf.write_text(f"cores=4\ntrials=2\npath={bindir}\n")
+    r = run("--config", str(conf), "--cores", "4", "--trials", "2", "--", "python", "-c", "pass",
+            env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.splitlines()) == ["mlstack 0 2", "mlstack 1 2"]
+    plain = run("--config", str(conf), "--cores", "4", "--", "sh", "-c", "command -v python",
+                env={"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert plain.stdout.strip() == str(fake), plain.stderr

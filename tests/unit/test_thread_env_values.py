@@ -150,3 +150,151 @@ def test_ml_env_prints_the_shares_from_a_rendered_threads_conf(tmp_path):
         assert row["OMP_NUM_THREADS"] == row["POLARS_MAX_THREADS"] == "4"
         assert (row["PROVISIONER_DATALOADER_WORKERS"], row["PROVISIONER_DATALOADER_THREADS"]) == ("1", "3")
         assert row["ARROW_IO_THREADS"] == "2" and row["PROVISIONER_TORCH_INTEROP_THREADS"] == "1"
+
+
+# --------------------------------------------------------------------------
+# PROVISIONER_THREADS and the ML environment's start-up hook for joblib's workers
+# --------------------------------------------------------------------------
+
+HOOK_DIR = ROOT / "roles" / "mlstack" / "files"
+
+
+def _hook():
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("provisioner_threads_under_test", HOOK_DIR / "provisioner_threads.py")
+    module = iu.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hook = _hook()
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_the_marker_names_the_count_every_thread_variable_carries(tmp_path, machine):
+    plan = plan_of(machine)
+    values = role_values(plan)
+    exported = values["_thread_env_values"]
+    threads = str(plan["values"]["threads_per_job"])
+    assert exported["PROVISIONER_THREADS"] == threads
+    assert all(exported[name] == threads for name in values["thread_env_variables"])
+    # Recorded in kernelspecs, so undo restores them; ml-env finds the ML environment's bin.
+    assert "PROVISIONER_THREADS" in values["_thread_env_record_names"]
+    conf = ml_env.read_config(_write(tmp_path, threads_conf(values)))
+    assert conf["path"] == "/opt/mlstack/bin"
+    other = role_values(plan, {"mlstack_venv": "/srv/ml"})
+    assert ml_env.read_config(_write(tmp_path, threads_conf(other)))["path"] == "/srv/ml/bin"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "threads.conf"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(("machine", "trials"), splits())
+def test_each_joblib_worker_gets_what_ml_env_gives_a_trial(tmp_path, machine, trials):
+    """The hook's rule is ml-env's: a process with the exported values, n_jobs workers -> each
+    worker has what `ml-env --trials n_jobs` gives each trial, for every variable and count."""
+    plan = plan_of(machine)
+    values = role_values(plan)
+    cores = plan["values"]["threads_per_job"]
+    settings = hook.read_settings(str(_write(tmp_path, threads_conf(values))))
+    environ = dict(values["_thread_env_values"])
+    joblib_env = {"OMP_NUM_THREADS": environ["OMP_NUM_THREADS"], "BLIS_NUM_THREADS": "7"}  # as joblib leaves them
+    worker = hook.worker_env(joblib_env, environ, trials, settings, ("OMP_NUM_THREADS", "BLIS_NUM_THREADS"))
+    trial, _cpus = ml_env.plan_trials(trials, cores, False, [[c] for c in range(cores)], ml_env.read_config(
+        _write(tmp_path, threads_conf(values))), {})[0]
+    for name in [*values["thread_env_variables"], *values["_thread_env_scaled"], "PROVISIONER_THREADS"]:
+        assert worker[name] == trial[name], name
+    assert worker["BLIS_NUM_THREADS"] == "7"  # not one of provisioner's: joblib's own value stays
+
+
+def test_a_value_the_user_set_and_an_explicit_limit_stay_as_joblib_makes_them():
+    environ = {"PROVISIONER_THREADS": "8", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "8", "POLARS_MAX_THREADS": "8"}
+    joblib_env = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "8"}
+    worker = hook.worker_env(joblib_env, environ, 4, {}, ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+    assert worker["OMP_NUM_THREADS"] == "3", "the user's own value was changed"
+    assert (worker["MKL_NUM_THREADS"], worker["POLARS_MAX_THREADS"], worker["PROVISIONER_THREADS"]) == ("2", "2", "2")
+    # No marker (unset, or a process outside provisioner's sessions): joblib's behaviour, untouched.
+    assert hook.worker_env(joblib_env, {"OMP_NUM_THREADS": "8"}, 4, {}, ()) == joblib_env
+    assert hook.worker_env(joblib_env, {"PROVISIONER_THREADS": "x", "OMP_NUM_THREADS": "8"}, 4, {}, ()) == joblib_env
+    # More workers than threads: one thread each, never 0.
+    assert hook.worker_env({}, {"PROVISIONER_THREADS": "2", "OMP_NUM_THREADS": "2"}, 8, {}, ())["OMP_NUM_THREADS"] == "1"
+
+
+def test_the_hook_wraps_joblib_once_and_keeps_inner_max_num_threads():
+    class Base:
+        MAX_NUM_THREADS_VARS = ["OMP_NUM_THREADS"]
+        inner_max_num_threads = None
+
+        def _prepare_worker_env(self, n_jobs):
+            return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+    class Module:
+        ParallelBackendBase = Base
+
+    assert hook.patch(Module) is True and hook.patch(Module) is False
+    saved = {k: os.environ.get(k) for k in ("PROVISIONER_THREADS", "OMP_NUM_THREADS")}
+    os.environ.update({"PROVISIONER_THREADS": "4", "OMP_NUM_THREADS": "4"})
+    try:
+        assert Base()._prepare_worker_env(2)["OMP_NUM_THREADS"] == "2"
+        explicit = Base()
+        explicit.inner_max_num_threads = 3
+        assert explicit._prepare_worker_env(2) == {"OMP_NUM_THREADS": "4"}
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+GRID_PROBE = """
+import json, os, site, sys
+if sys.argv[1] == "hook":
+    site.addsitedir(sys.argv[2])  # reads provisioner_threads.pth as the ML environment's site-packages does
+from joblib import Parallel, delayed
+
+def probe(i):  # a task's view from inside its loky worker, as a scorer of GridSearchCV sees it
+    import numpy  # noqa: F401 - loads OpenBLAS with the worker's environment
+    from threadpoolctl import threadpool_info
+    pools = {}
+    for info in threadpool_info():
+        pools[info["user_api"]] = max(pools.get(info["user_api"], 0), info["num_threads"])
+    return {"pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS"), "pools": pools}
+
+for row in Parallel(n_jobs=2)(delayed(probe)(i) for i in range(4)):
+    print(json.dumps(row), flush=True)
+print(json.dumps({"main": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS")}))
+"""
+
+
+def _grid(tmp_path: Path, mode: str, env: dict[str, str]) -> tuple[list[dict], dict]:
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "grid.py"
+    script.write_text(GRID_PROBE)
+    r = subprocess.run([sys.executable, str(script), mode, str(HOOK_DIR)], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env})
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    main = rows.pop()
+    return [w for w in rows if w["pid"] != main["main"]], main
+
+
+def test_plain_loky_parallelism_gives_each_worker_its_share(tmp_path):
+    """For real, with joblib, numpy and threadpoolctl: Parallel(n_jobs=2) with no thread argument
+    (what GridSearchCV and cross_val_score run), under 4 exported threads. Without the hook joblib passes 4 into both workers;
+    with it (loaded by its .pth file) each worker runs 2, and the main process keeps 4."""
+    exported = {name: "4" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    marker = {"PROVISIONER_THREADS": "4", "LOKY_MAX_CPU_COUNT": "4"}
+    workers, _ = _grid(tmp_path, "plain", {**exported, **marker})
+    assert workers and {w["omp"] for w in workers} == {"4"}, "joblib's own behaviour changed: re-read _prepare_worker_env"
+    workers, main = _grid(tmp_path, "hook", {**exported, **marker})
+    assert workers, "no task ran in a loky worker"
+    assert {w["omp"] for w in workers} == {"2"} and main["omp"] == "4"
+    assert all(w["pools"].get("openmp", 0) <= 2 and w["pools"].get("blas", 0) <= 2 for w in workers), workers
+    # A value the user exported themselves is theirs: joblib passes it on as it always did.
+    workers, _ = _grid(tmp_path, "hook", {**exported, **marker, "OMP_NUM_THREADS": "3"})
+    assert {w["omp"] for w in workers} == {"3"}
