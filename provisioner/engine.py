@@ -388,7 +388,20 @@ def default_strategy(playbook: str) -> str:
     return DEFAULT_STRATEGY if playbook in MITOGEN_PLAYBOOKS else "linear"
 
 
-def _run_env(accept_new_host_keys: bool, playbook: str = "") -> dict[str, str]:
+def _host_keys_env(accept_new_host_keys: bool, check: bool) -> dict[str, str]:
+    """What the Mitogen strategy reads to accept a first-seen host key (plugins/strategy/_host_keys.py):
+    its ssh command line holds StrictHostKeyChecking yes ahead of ANSIBLE_SSH_ARGS. A check run
+    records such a key only in copies of the known_hosts files, in this command's private directory."""
+    if not accept_new_host_keys:
+        return {}
+    env = {"PROVISIONER_HOST_KEYS": "accept-new"}
+    if check:
+        # Files beside the master sockets: removed with them when the command ends.
+        env["PROVISIONER_HOST_KEYS_SCRATCH"] = str(_MUX.directory())
+    return env
+
+
+def _run_env(accept_new_host_keys: bool, playbook: str = "", check: bool = False) -> dict[str, str]:
     return {
         **_inventory_env(),
         "ANSIBLE_ROLES_PATH": str(paths.ROLES),
@@ -407,6 +420,7 @@ def _run_env(accept_new_host_keys: bool, playbook: str = "") -> dict[str, str]:
         "ANSIBLE_LOCALHOST_WARNING": "False",
         "ANSIBLE_PYTHON_INTERPRETER": "auto_silent",
         **_strategy_env(os.environ.get(STRATEGY_ENV) or default_strategy(playbook)),
+        **_host_keys_env(accept_new_host_keys, check),
     }
 
 
@@ -483,7 +497,7 @@ def run_playbook(
             skip_tags=",".join(skip_tags) or None,
             extravars=extravars,
             cmdline=cmdline.strip() or None,
-            envvars=_run_env(accept_new_host_keys, playbook),
+            envvars=_run_env(accept_new_host_keys, playbook, check),
             forks=forks,
             event_handler=collector.handle,
             quiet=True,
@@ -699,25 +713,36 @@ def _item_label(res: dict[str, Any]) -> str:
 
 # Mitogen's words for both a changed and an unknown host key (it keeps ssh's own to itself).
 _MITOGEN_HOST_KEY = "reported an unrecognized or mismatching host key"
+# Mitogen answering ssh's prompts (as it does when it accepts first-seen keys): a key login refused.
+_MITOGEN_PASSWORD = "SSH password was requested, but none specified"
 
 
 def explain_unreachable(host: str, msg: str, accept_new_host_keys: bool = False) -> str:
-    """One line that says why a host could not be reached and how to fix it."""
+    """One line that says why a host could not be reached and how to fix it.
+
+    A key is called changed only when ssh said so, or when first-seen keys were accepted (under
+    either strategy a key never recorded is then recorded, so a refusal means another key is)."""
     changed = (
         f"{host}: its SSH host key changed since it was recorded in known_hosts; if the server "
         f"was reinstalled, remove the old key (ssh-keygen -R ADDRESS) and run again"
     )
-    unknown = "its SSH host key is not in known_hosts; add it (ssh-keyscan after checking the fingerprint) or pass --accept-new-host-keys to trust a first-seen key"
+    unknown = (
+        "its SSH host key is not in known_hosts; pass --accept-new-host-keys to trust a first-seen key, "
+        "or add it yourself (ssh-keyscan ADDRESS >> known_hosts, after checking its fingerprint)"
+    )
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in msg or ("Host key for" in msg and "has changed" in msg):
         return changed
     if _MITOGEN_HOST_KEY in msg:
-        # With first-seen keys trusted, only a changed key is refused.
         if accept_new_host_keys:
             return changed
-        return f"{host}: {unknown}, or it changed since it was recorded there (then remove the old key: ssh-keygen -R ADDRESS)"
+        # Mitogen does not say which: name both, the first contact first.
+        return (
+            f"{host}: {unknown}; or, if it was recorded and the server was reinstalled since, "
+            f"the key changed: remove the old one (ssh-keygen -R ADDRESS)"
+        )
     if "Host key verification failed" in msg or "No ED25519 host key is known" in msg or "host key is known" in msg:
         return f"{host}: {unknown}"
-    if "Permission denied" in msg or "Authentication failed" in msg:
+    if "Permission denied" in msg or "Authentication failed" in msg or _MITOGEN_PASSWORD in msg:
         return (
             f"{host}: SSH login was refused; check ansible_user and ansible_ssh_private_key_file "
             f"in the inventory and that the key is authorized on the host"

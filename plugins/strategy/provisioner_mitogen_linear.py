@@ -13,6 +13,9 @@ there it installs the compiled-code cache of _template_cache.py (workers then ha
 the code of every template and condition they compile, instead of compiling it again per
 task) and fills the filter and test plugin tables once, which each worker inherits.
 PROVISIONER_TEMPLATE_CACHE=off leaves both to Ansible as before (to measure, or to rule them out).
+
+It also makes --accept-new-host-keys work under Mitogen (_host_keys.py says how), in the same
+process before the forks.
 """
 
 from __future__ import annotations
@@ -27,15 +30,16 @@ import ansible_mitogen.affinity
 # The base Policy assigns nothing: every process keeps the CPUs it was started with.
 ansible_mitogen.affinity.policy = ansible_mitogen.affinity.Policy()
 
+import ansible_mitogen.connection  # noqa: E402
 import ansible_mitogen.loaders  # noqa: E402  (after the policy is replaced)
 import ansible_mitogen.strategy  # noqa: E402
 
 
-def _load_template_cache():
-    # Ansible loads this file by path, not as a package: its neighbour is loaded the same way.
-    name = "provisioner_strategy_template_cache"
+def _load_neighbour(stem: str):
+    # Ansible loads this file by path, not as a package: its neighbours are loaded the same way.
+    name = f"provisioner_strategy{stem}"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_template_cache.py"))
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -43,7 +47,8 @@ def _load_template_cache():
     return sys.modules[name]
 
 
-template_cache = _load_template_cache()
+template_cache = _load_neighbour("_template_cache")
+_load_neighbour("_host_keys").install(ansible_mitogen.connection)
 
 Base = ansible_mitogen.loaders.strategy_loader.get("linear", class_only=True)
 

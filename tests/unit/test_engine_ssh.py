@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -119,7 +120,14 @@ def test_under_mitogen_a_task_keeps_every_cpu(tmp_path):
         "    - ansible.builtin.debug: {msg: 'CPUS={{ cpus.stdout }}'}\n"
     )
     r = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-e", f"ansible_python_interpreter={sys.executable}", str(play)],
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            str(play),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -145,3 +153,135 @@ def test_testinfra_reads_the_same_masters_while_verify_runs(monkeypatch):
         assert list(mux.directory().iterdir()) == []
     finally:
         mux.close()
+
+
+# --------------------------------------------------------------------------- host keys under Mitogen
+
+
+def _host_keys_module():
+    name = "provisioner_strategy_host_keys_test"
+    spec = importlib.util.spec_from_file_location(name, Path(paths.PLUGINS) / "strategy" / "_host_keys.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mitogen_kwargs(**over):
+    kwargs = {
+        "check_host_keys": "enforce",
+        "hostname": "10.213.9.2",
+        "username": "root",
+        "port": None,
+        "ssh_path": "ssh",
+        "ssh_args": ["-o", "StrictHostKeyChecking=accept-new", "-o", "UserKnownHostsFile=/inv/known_hosts"],
+    }
+    return {**kwargs, **over}
+
+
+def test_accepting_new_keys_turns_mitogens_enforce_into_accept_and_nothing_else():
+    keys = _host_keys_module()
+    kwargs = _mitogen_kwargs()
+    adjusted = keys.adjust(kwargs, "accept-new", "")
+    # Mitogen's "accept" answers ssh's prompt for an unknown key; a changed key fails before any prompt.
+    assert adjusted["check_host_keys"] == "accept" and adjusted["ssh_args"] == kwargs["ssh_args"]
+    assert kwargs["check_host_keys"] == "enforce", "the caller's arguments are left alone"
+    assert keys.adjust(kwargs, "", "") == kwargs, "without --accept-new-host-keys keys are enforced"
+    ignore = _mitogen_kwargs(check_host_keys="ignore")
+    assert keys.adjust(ignore, "accept-new", "") == ignore, "host_key_checking off stays the user's choice"
+
+
+def test_a_check_run_records_first_seen_keys_only_in_copies(tmp_path):
+    keys = _host_keys_module()
+    original = tmp_path / "known_hosts"
+    original.write_text("10.213.9.9 ssh-ed25519 AAAAold\n")
+    scratch = tmp_path / "scratch"
+    looked = []
+
+    def lookup(ssh_path, args, host, port, user):
+        looked.append((ssh_path, tuple(args), host, user))
+        return [str(original), str(tmp_path / "absent")]
+
+    first = keys.adjust(_mitogen_kwargs(), "accept-new", str(scratch), lookup)
+    assert first["check_host_keys"] == "accept"
+    option, value = first["ssh_args"][:2]
+    assert option == "-o" and value.startswith("UserKnownHostsFile=")
+    copies = value.removeprefix("UserKnownHostsFile=").split()
+    assert [Path(c).parent for c in copies] == [scratch, scratch]
+    assert Path(copies[0]).read_text() == original.read_text(), "the copy holds the recorded keys: a changed key is refused"
+    assert Path(copies[1]).read_text() == ""
+    assert first["ssh_args"][2:] == _mitogen_kwargs()["ssh_args"]
+    Path(copies[0]).write_text(original.read_text() + "10.213.9.2 ssh-ed25519 AAAAnew\n")  # what ssh records
+    again = keys.adjust(_mitogen_kwargs(), "accept-new", str(scratch), lookup)
+    assert again["ssh_args"] == first["ssh_args"], "every connection of the run reads the same copies"
+    assert "AAAAnew" in Path(copies[0]).read_text() and "AAAAnew" not in original.read_text()
+    assert looked[0] == ("ssh", tuple(_mitogen_kwargs()["ssh_args"]), "10.213.9.2", "root")
+
+
+def test_a_check_run_that_cannot_name_the_known_hosts_files_refuses_to_connect(tmp_path):
+    keys = _host_keys_module()
+    with pytest.raises(RuntimeError, match=r"cannot tell which known_hosts files.*ssh-keyscan"):
+        keys.adjust(_mitogen_kwargs(), "accept-new", str(tmp_path), lambda *a: [])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ssh_names_the_known_hosts_files_it_would_use(tmp_path):
+    keys = _host_keys_module()
+    chosen = tmp_path / "kh"
+    assert keys.known_hosts_files("ssh", ["-o", f"UserKnownHostsFile={chosen}"], "10.213.9.2", None, "root") == [str(chosen)]
+    # Without one in the arguments: ssh's own default (the user's config may name others).
+    default = keys.known_hosts_files("ssh", [], "10.213.9.2", 22, "root")
+    assert default and all(os.path.isabs(f) for f in default)
+    assert keys.known_hosts_files(str(tmp_path / "no-ssh"), [], "h", None, None) == []
+
+
+def test_the_wrapper_is_installed_only_when_asked_and_once():
+    keys = _host_keys_module()
+
+    def connect(spec):
+        return {"method": "ssh", "kwargs": _mitogen_kwargs()}
+
+    class Module:
+        CONNECTION_METHOD: ClassVar[dict] = {"ssh": connect, "smart": connect, "local": connect}
+
+    keys.install(Module, {})
+    assert Module.CONNECTION_METHOD["ssh"] is connect
+    keys.install(Module, {"PROVISIONER_HOST_KEYS": "accept-new"})
+    keys.install(Module, {"PROVISIONER_HOST_KEYS": "accept-new"})
+    for name in ("ssh", "smart"):
+        assert Module.CONNECTION_METHOD[name](object())["kwargs"]["check_host_keys"] == "accept"
+        assert Module.CONNECTION_METHOD[name].__defaults__[0] is connect, "wrapped once"
+    assert Module.CONNECTION_METHOD["local"] is connect
+
+
+def test_the_run_tells_the_strategy_to_accept_new_keys_and_where_a_check_keeps_them(monkeypatch):
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", "/var/tmp/pv")
+    mux = engine._Multiplexer()
+    monkeypatch.setattr(engine, "_MUX", mux)
+    try:
+        assert "PROVISIONER_HOST_KEYS" not in engine._run_env(False, "site.yml", check=True)
+        real = engine._run_env(True, "site.yml")
+        assert real["PROVISIONER_HOST_KEYS"] == "accept-new" and "PROVISIONER_HOST_KEYS_SCRATCH" not in real
+        check = engine._run_env(True, "site.yml", check=True)
+        assert check["PROVISIONER_HOST_KEYS_SCRATCH"] == str(mux.directory())
+    finally:
+        mux.close()
+
+
+MITOGEN_KEY = "Host key checking is enabled, and SSH reported an unrecognized or mismatching host key."
+
+
+def test_a_key_never_recorded_is_not_called_changed():
+    strict = engine.explain_unreachable("web1", MITOGEN_KEY)
+    assert strict.startswith("web1: its SSH host key is not in known_hosts; pass --accept-new-host-keys")
+    assert "ssh-keyscan" in strict and "ssh-keygen -R" in strict and "\n" not in strict
+    plain = "No ED25519 host key is known for 10.1.1.2 and you have requested strict checking.\r\nHost key verification failed."
+    line = engine.explain_unreachable("web1", plain)
+    assert "changed" not in line and "--accept-new-host-keys" in line and "ssh-keyscan" in line
+    # With first-seen keys accepted (Mitogen answers ssh's prompt), a refused key is another one.
+    assert "changed since it was recorded" in engine.explain_unreachable("web1", MITOGEN_KEY, accept_new_host_keys=True)
+
+
+def test_mitogens_password_prompt_is_a_refused_login():
+    line = engine.explain_unreachable("web1", "SSH password was requested, but none specified")
+    assert line.startswith("web1: SSH login was refused")
