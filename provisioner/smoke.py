@@ -895,6 +895,8 @@ def sklearn_checks(raw: dict[str, Any], sk: dict[str, Any]) -> list[Check]:
         reason = (
             f"oversubscribed: {len(over)} of {len(seen)} worker(s) run up to {most} BLAS/OpenMP threads, "
             f"their share is {share} ({cores} cores / {workers} workers); {workers} x {most} threads on {cores} cores"
+            "; a plain search gets the share only through the ML environment's start-up hook with the environment's "
+            "PROVISIONER_THREADS: run provisioner up --tags mlstack,thread_env"
         )
     else:
         status, reason = PASS, f"{len(seen)} worker(s), at most {most} thread(s) each: within the share of {share}"

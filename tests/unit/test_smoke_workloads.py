@@ -261,3 +261,74 @@ def test_polars_one_thread_run_is_a_process_of_its_own(script):
 def test_quick_gbdt_gives_each_thread_the_same_rows_within_bounds(script, threads, rows):
     assert script.gbdt_rows("quick", threads) == rows
     assert script.gbdt_rows("full", threads) == script.PROFILES["full"]["gbdt_rows"]
+
+
+# ---------------------------------------------------------------- what a user's code gets
+
+
+def test_no_workload_sets_a_thread_limit_a_users_code_would_not():
+    """Tuned figures measure plain code in the ML user's login shell: the environment decides every
+    pool. Only the one-core reference runs limit threads (to 1), through _limits or a 1 argument."""
+    source = (ROOT / "roles/smoke/files/provisioner_smoke.py").read_text()
+    for limit in ("inner_max_num_threads=", "parallel_config(", "set_num_threads(p[", "set_num_threads(cores",
+                  "set_cpu_count(", 'nthread"] = p[', "set_intra_op_parallelism_threads", "set_inter_op_parallelism_threads",
+                  "_limits(p[", "_limits(cores", "n_jobs=cores"):
+        assert limit not in source, limit
+
+
+def test_the_study_processes_get_what_ml_env_gives_a_trial(script, monkeypatch):
+    """The parallel study's processes start with the environment `ml-env --trials N --print` shows."""
+    import subprocess
+
+    printed = "# cores=4 (thread settings) trials=2 threads_per_trial=2\n# trial 0\nML_ENV_TRIAL=0 OMP_NUM_THREADS=2 PROVISIONER_THREADS=2\n# trial 1\nML_ENV_TRIAL=1 OMP_NUM_THREADS=2 PROVISIONER_THREADS=2\n"
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, printed, "")
+
+    monkeypatch.setattr(script.shutil, "which", lambda name: "/usr/local/bin/ml-env" if name == "ml-env" else None)
+    env, how = script.ml_env_trial(2, run=run)
+    assert calls == [["/usr/local/bin/ml-env", "--trials", "2", "--print"]]
+    assert env == {"OMP_NUM_THREADS": "2", "PROVISIONER_THREADS": "2"} and how == "ml-env --trials 2"
+    monkeypatch.setattr(script.shutil, "which", lambda name: None)
+    assert script.ml_env_trial(2, run=run) == (None, "ml-env is not on PATH (role thread_env installs it)")
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    with script._environ({"OMP_NUM_THREADS": "2", "PROVISIONER_THREADS": "2"}):
+        assert (script.os.environ["OMP_NUM_THREADS"], script.os.environ["PROVISIONER_THREADS"]) == ("2", "2")
+    assert script.os.environ["OMP_NUM_THREADS"] == "4" and "PROVISIONER_THREADS" not in script.os.environ
+
+
+PLAIN_SKLEARN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import importlib.util
+spec = importlib.util.spec_from_file_location("provisioner_smoke", sys.argv[2])
+smoke = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(smoke)
+smoke.PROFILES["quick"].update(sklearn_rows=2000, sklearn_trees=4, sklearn_grid_rows=1500, sklearn_grid_iter=2, sklearn_folds=2)
+print(json.dumps(smoke.w_sklearn({"profile": "quick", "mode": "tuned", "threads": 4, "workdir": sys.argv[3],
+                                  "plan": {"joblib_workers": 2}})))
+"""
+
+
+def test_the_workers_threads_check_catches_a_plain_search_that_oversubscribes(tmp_path):
+    """For real: the sklearn workload's plain GridSearchCV (n_jobs=2, no thread limit) under 4
+    exported threads and no start-up hook: joblib passes the 4 into both workers, and the check
+    that holds each worker to its share of 2 fails, naming the fix."""
+    import os
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(PLAIN_SKLEARN)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4",
+           "MKL_NUM_THREADS": "4", "LOKY_MAX_CPU_COUNT": "4", "PROVISIONER_THREADS": "4"}
+    r = subprocess.run([sys.executable, str(probe), str(ROOT), str(ROOT / "roles/smoke/files/provisioner_smoke.py"),
+                        str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    sk = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sk["grid"]["share"] == 2 and sk["grid"]["n_jobs"] == 2
+    c = by_id(smoke.evaluate({"mode": "tuned", "threads": 4, "results": {"sklearn": sk}}))["sklearn.threads"]
+    assert c.status == smoke.FAIL and c.reason.startswith("oversubscribed"), c.reason
+    assert c.figure == 4.0 and "provisioner up --tags mlstack,thread_env" in c.reason

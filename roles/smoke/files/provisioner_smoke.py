@@ -883,6 +883,28 @@ def w_clock(p: dict[str, Any]) -> dict[str, Any]:
 
 
 
+# What the workloads measure in tuned mode: the code a user writes, in the ML user's login shell,
+# with no thread limit a user would not set. The environment (role thread_env, and the ML
+# environment's start-up hook for joblib's workers) decides every pool's threads; a workload
+# reads what each library took and the checks hold that to the plan. Only the one-core
+# reference runs (the per-core rates the limits scale) set a limit of 1, and say so.
+
+
+def _blas_threads() -> int | None:
+    """The BLAS threads this process runs now, as threadpoolctl reads them (None: no BLAS loaded)."""
+    from threadpoolctl import threadpool_info
+
+    return max((i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"), default=None)
+
+
+def _env_default(tuned: bool, *names: str) -> str:
+    """How a run without a limit got its threads: the environment's variables, or the library default."""
+    if not tuned:
+        return "library default"
+    shown = ", ".join(f"{n}={os.environ[n]}" for n in names if n in os.environ)
+    return f"library default with the environment's {shown}" if shown else "library default (no thread variable set)"
+
+
 def _limits(threads: int | None):
     """Limit every BLAS/OpenMP pool to `threads` (None: leave the library defaults)."""
     import contextlib
@@ -951,7 +973,7 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
     for dtype in ("float64", "float32"):
         a = np.random.default_rng(1).standard_normal((n, n)).astype(dtype)
         b = np.random.default_rng(2).standard_normal((n, n)).astype(dtype)
-        for label, threads in (("all", p["threads"] if tuned else None), ("one", 1)):
+        for label, threads in (("all", None), ("one", 1)):
             with _limits(threads):
                 a @ b  # warm up: page in, spin up the pool
                 times = []
@@ -961,7 +983,7 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
                     times.append(time.perf_counter() - t0)
             key = f"{'d' if dtype == 'float64' else 's'}gemm_{label}"
             out[key] = {"gflops": 2 * n**3 / median(times) / 1e9, "times_s": times,
-                        "threads": threads if threads else "library default"}
+                        "threads": threads if threads else (_blas_threads() if tuned else "library default")}
     return out
 
 
@@ -971,13 +993,10 @@ def w_triad(p: dict[str, Any]) -> dict[str, Any]:
 
     s = PROFILES[p["profile"]]
     n = s["triad_n"]
-    tuned = p["mode"] == "tuned"
     times = []
     if importlib.util.find_spec("torch") is not None:
         import torch
 
-        if tuned:
-            torch.set_num_threads(p["threads"])
         b, c = torch.rand(n, dtype=torch.float64), torch.rand(n, dtype=torch.float64)
         a = torch.empty(n, dtype=torch.float64)
         torch.add(b, c, alpha=3.0, out=a)
@@ -1022,7 +1041,7 @@ def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple
         if threads:
             params["nthread"] = threads
         # quantile cuts computed here, outside the timing, as LightGBM's and CatBoost's binning is
-        d = xgb.QuantileDMatrix(x, label=y, nthread=threads or -1, max_bin=256)
+        d = xgb.QuantileDMatrix(x, label=y, max_bin=256, **({"nthread": threads} if threads else {}))
         t0 = time.perf_counter()
         xgb.train(params, d, num_boost_round=trees, callbacks=[Mark()])
     elif lib == "lightgbm":
@@ -1047,7 +1066,7 @@ def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple
         pool = cb.Pool(x, label=y)
         pool.quantize(border_count=254)
         model = cb.CatBoostClassifier(iterations=trees, depth=depth, verbose=False, allow_writing_files=False,
-                                      thread_count=threads or -1)
+                                      **({"thread_count": threads} if threads else {}))
         t0 = time.perf_counter()
         model.fit(pool, callbacks=[CbMark()])
     total = time.perf_counter() - t0
@@ -1076,10 +1095,10 @@ def w_gbdt(p: dict[str, Any]) -> dict[str, Any]:
             out[lib] = missing
             continue
         res: dict[str, Any] = {"version": __import__(lib).__version__}
-        for label, threads, trees in (("all", p["threads"] if tuned else None, s["gbdt_trees"]),
-                                      ("one", 1, s["gbdt_trees_one"])):
+        for label, threads, trees in (("all", None, s["gbdt_trees"]), ("one", 1, s["gbdt_trees_one"])):
             runs = [_train(lib, x, y, trees, s["gbdt_depth"], threads) for _ in range(s["gbdt_repeats"])]
-            res[label] = {"trees": trees, "threads": threads or "library default", "times_s": [r[0] for r in runs],
+            res[label] = {"trees": trees, "threads": threads or _env_default(tuned, "OMP_NUM_THREADS"),
+                          "times_s": [r[0] for r in runs],
                           "row_trees_per_s": rows / median([r[1] for r in runs]),
                           "row_trees_per_s_with_setup": rows * trees / median([r[0] for r in runs])}
         out[lib] = res
@@ -1093,8 +1112,6 @@ def w_mlp(p: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     s = PROFILES[p["profile"]]
-    if p["mode"] == "tuned":
-        torch.set_num_threads(p["threads"])
     width, batch, inputs = s["mlp_width"], s["mlp_batch"], 256
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -1220,9 +1237,41 @@ def _hpo_queue(count: int) -> list[dict[str, Any]]:
             for _ in range(count)]
 
 
+def ml_env_trial(trials: int, run=subprocess.run) -> tuple[dict[str, str] | None, str]:
+    """The thread variables `ml-env --trials N` gives a trial, from ml-env itself (--print), or
+    None and why: how a user runs N processes of a study (`ml-env --trials N -- python tune.py`)."""
+    exe = shutil.which("ml-env")
+    if exe is None:
+        return None, "ml-env is not on PATH (role thread_env installs it)"
+    r = run([exe, "--trials", str(trials), "--print"], capture_output=True, text=True, timeout=60)
+    rows = [line.split() for line in r.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    if r.returncode != 0 or not rows:
+        return None, f"ml-env --trials {trials} --print failed: {(r.stderr or r.stdout).strip()[:200]}"
+    env = dict(word.split("=", 1) for word in rows[0] if "=" in word)
+    env.pop("ML_ENV_TRIAL", None)
+    return env, f"ml-env --trials {trials}"
+
+
+@contextlib.contextmanager
+def _environ(extra: dict[str, str] | None):
+    """os.environ with `extra` set (processes started inside inherit it), restored afterwards."""
+    saved = {k: os.environ.get(k) for k in extra or {}}
+    os.environ.update(extra or {})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
-    """A real Optuna study: N processes share one journal file, each trial with its share of the cores
-    (the plan), against the same study run by one process and against every process on library defaults."""
+    """A real Optuna study: N processes share one journal file, each with the environment `ml-env
+    --trials N` gives a trial (its share of the cores), against the same study run by one process
+    and against every process on the login shell's threads (every core each). No trial passes a
+    thread count: the libraries take what the environment says, as in a user's objective."""
     import importlib.util
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
@@ -1238,7 +1287,6 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
         return {"skipped": "neither lightgbm nor xgboost is installed (component gbdt)"}
     workers = max(1, p["trials"])
     cores = p["threads"]
-    per_trial = max(1, cores // workers)
     each = s["hpo_trials_per_worker"]
     tuned = p["mode"] == "tuned"
     ctx = mp.get_context("spawn")
@@ -1249,12 +1297,12 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
     # the runs differ only in how the trials share the cores.
     queue = _hpo_queue(workers * each)
 
-    def study_run(label: str, procs: int, threads: int | None, per_proc: int) -> dict[str, Any]:
+    def study_run(label: str, procs: int, env: dict[str, str] | None, threads: int | str, per_proc: int) -> dict[str, Any]:
         path = os.path.join(p["workdir"], f"hpo-{label}.journal")
         study = optuna.create_study(study_name="smoke", storage=_journal(path)[0], direction="minimize")
         for params in queue[: procs * per_proc]:
             study.enqueue_trial(params)
-        jobs = [(path, per_proc, threads, s["hpo_rows"], s["hpo_trees"], lib, i) for i in range(procs)]
+        jobs = [(path, per_proc, None, s["hpo_rows"], s["hpo_trees"], lib, i) for i in range(procs)]
         if procs == 1:
             _warm((s["hpo_rows"], lib))
             t0 = time.perf_counter()
@@ -1262,31 +1310,38 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
             secs = time.perf_counter() - t0
         else:
             # Started and warmed before the clock runs: a study's workers live for many trials.
+            # Each process starts with `env` (ml-env's trial environment), as ml-env would start it.
             with ProcessPoolExecutor(max_workers=procs, mp_context=ctx) as pool:
-                list(pool.map(_warm, [(s["hpo_rows"], lib)] * procs))
+                with _environ(env):
+                    list(pool.map(_warm, [(s["hpo_rows"], lib)] * procs))
                 t0 = time.perf_counter()
                 list(pool.map(_study_process, jobs))
                 secs = time.perf_counter() - t0
         study = optuna.load_study(study_name="smoke", storage=_journal(path)[0])
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        return {"procs": procs, "threads_each": threads or "library default", "seconds": secs,
+        return {"procs": procs, "threads_each": threads, "seconds": secs,
                 "trials": len(done), "trials_expected": procs * per_proc,
                 "processes_seen": len({t.user_attrs.get("pid") for t in done}),
                 "best_loss": min((t.value for t in done), default=None), "journal_bytes": os.path.getsize(path),
                 "trials_per_min": len(done) / secs * 60}
 
     runs: dict[str, Any] = {}
+    # One process: the login shell's threads (the plan's count when tuned, library defaults in a baseline).
+    alone = _env_int("OMP_NUM_THREADS") if tuned else "library default"
+    how = "library default"
     if workers > 1:
-        # planned: N processes, cores/N threads each (baseline: the library defaults)
-        runs["parallel"] = study_run("parallel", workers, per_trial if tuned else None, each)
-        runs["sequential"] = study_run("sequential", 1, cores if tuned else None, workers * each)
-        # Library defaults in every process: each trial takes every CPU. One trial per process is
-        # enough to show it: oversubscribed runs can be very slow.
-        runs["oversubscribed"] = study_run("oversubscribed", workers, None, 1)
+        # planned: N processes as `ml-env --trials N` starts them (baseline: the library defaults)
+        trial_env, how = ml_env_trial(workers) if tuned else (None, "library default")
+        shown = int(trial_env["OMP_NUM_THREADS"]) if trial_env and trial_env.get("OMP_NUM_THREADS", "").isdigit() else alone
+        runs["parallel"] = study_run("parallel", workers, trial_env, shown, each)
+        runs["sequential"] = study_run("sequential", 1, None, alone, workers * each)
+        # The login shell's threads in every process: each trial takes every core. One trial per
+        # process is enough to show it: oversubscribed runs can be very slow.
+        runs["oversubscribed"] = study_run("oversubscribed", workers, None, alone, 1)
     else:
-        runs["sequential"] = study_run("sequential", 1, cores if tuned else None, each)
+        runs["sequential"] = study_run("sequential", 1, None, alone, each)
     return {"library": lib, "sampler": f"optuna {optuna.__version__}, the same enqueued parameter sets in every run, one journal file per study ({backend})",
-            "storage": backend, "trials": workers * each, "workers": workers, "cores": cores,
+            "storage": backend, "trials": workers * each, "workers": workers, "cores": cores, "processes_how": how,
             "rows": s["hpo_rows"], "trees": s["hpo_trees"], "runs": runs,
             "best_loss": min((r["best_loss"] for r in runs.values() if r["best_loss"] is not None), default=None)}
 
@@ -1431,8 +1486,6 @@ def w_parquet_scan(p: dict[str, Any]) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if p["mode"] == "tuned":
-        pa.set_cpu_count(p["threads"])
     t0 = time.perf_counter()
     table = pq.read_table(p["path"], use_threads=True)
     secs = time.perf_counter() - t0
@@ -1456,11 +1509,7 @@ def w_inference(p: dict[str, Any]) -> dict[str, Any]:
     tuned = p["mode"] == "tuned"
     x, y = _data(s["infer_rows"], 28, seed=5)
     params = {"tree_method": "hist", "max_depth": s["infer_depth"], "objective": "binary:logistic"}
-    if tuned:
-        params["nthread"] = p["threads"]
     booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=s["infer_trees"])
-    if tuned:
-        booster.set_param({"nthread": 1})  # one request, one thread: a pool adds only latency
     rows = x[:1000]
     for i in range(50):
         booster.inplace_predict(rows[i : i + 1])
@@ -1477,7 +1526,7 @@ def w_inference(p: dict[str, Any]) -> dict[str, Any]:
         p99.append(float(np.percentile(us, 99)))
     return {"library": f"xgboost {xgb.__version__} inplace_predict", "trees": s["infer_trees"],
             "depth": s["infer_depth"], "calls": s["infer_calls"], "repeats": s["infer_repeats"],
-            "threads": 1 if tuned else "library default", "p50_us": median(p50), "p99_us": median(p99),
+            "threads": _env_default(tuned, "OMP_NUM_THREADS"), "p50_us": median(p50), "p99_us": median(p99),
             "p50_us_each": p50, "p99_us_each": p99}
 
 
@@ -1511,8 +1560,6 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
 
         x, y = _data(s["serving_rows"], len(p["features"]), seed=11)
         params: dict[str, Any] = {"tree_method": "hist", "max_depth": s["serving_depth"], "objective": "binary:logistic"}
-        if p["mode"] == "tuned":
-            params["nthread"] = p["threads"]
         t0 = time.perf_counter()
         booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=s["serving_trees"])
         version_dir = os.path.join(p["registry"], p["name"], p["version"])
@@ -1562,6 +1609,24 @@ def _planned(p: dict[str, Any], key: str, fallback: int, how: str) -> tuple[int,
     return int(fallback), f"{how} (the plan has no {key})"
 
 
+def _env_int(name: str) -> int | str:
+    """A count from the environment, or 'library default' when the variable is not set."""
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return "library default"
+
+
+def _from_env(name: str, p: dict[str, Any], key: str, fallback: int, how: str) -> tuple[int, str]:
+    """A count a user's script reads from the environment (role thread_env exports it); without
+    the variable, the plan's value (or `fallback`), said so."""
+    raw = os.environ.get(name, "")
+    if raw.isdigit():
+        return int(raw), f"{name} from the environment"
+    value, whose = _planned(p, key, fallback, how)
+    return value, f"{whose}: {name} is not in the environment"
+
+
 def _sgemm_rate(n: int = 2048, repeats: int = 3) -> float:
     """numpy's float32 GEMM rate in GFLOPS with the BLAS threads in force now."""
     import numpy as np
@@ -1604,7 +1669,7 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
     import warnings
 
     import sklearn
-    from joblib import Parallel, delayed, parallel_config
+    from joblib import Parallel, delayed
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.model_selection import GridSearchCV
@@ -1618,7 +1683,8 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"sklearn": sklearn.__version__, "rows": s["sklearn_rows"], "trees": s["sklearn_trees"]}
 
     forest: dict[str, Any] = {}
-    for label, jobs in (("all", cores if tuned else None), ("one", 1)):
+    # All cores as a user asks for them (n_jobs=-1: loky's cpu_count(), which LOKY_MAX_CPU_COUNT caps).
+    for label, jobs in (("all", -1 if tuned else None), ("one", 1)):
         times = []
         for _ in range(2):
             model = RandomForestClassifier(n_estimators=s["sklearn_trees"], max_depth=12, n_jobs=jobs, random_state=0)
@@ -1636,37 +1702,35 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
     record = os.path.join(p["workdir"], "sklearn-threads")
     base = MLPClassifier(max_iter=s["sklearn_grid_iter"], random_state=0)
 
+    # The share each loky worker must stay within: cores // n_jobs. The search is a user's plain
+    # code (no inner_max_num_threads, no threadpool_limits): what the workers run is what the
+    # environment gives them (joblib keeps a thread variable it finds in the environment; the ML
+    # environment's start-up hook gives each worker its share), read inside each worker.
     share = max(1, cores // workers) if tuned else None
-    # loky caps its workers' BLAS and OpenMP pools at cores // n_jobs only where the thread
-    # variables are unset; a job's OMP_NUM_THREADS (role thread_env) passes into every worker
-    # as it is, so the planned search sets the workers' share itself.
-    pool = parallel_config(backend="loky", inner_max_num_threads=share) if tuned else contextlib.nullcontext()
 
-    def search(n_jobs: int | None, threads: int | None) -> float:
+    def search(n_jobs: int | None) -> float:
         gs = GridSearchCV(base, grid, cv=s["sklearn_folds"], n_jobs=n_jobs, scoring=_record_threads(record), refit=False)
-        with _limits(threads):
-            t0 = time.perf_counter()
-            gs.fit(gx, gy)
-            return time.perf_counter() - t0
+        t0 = time.perf_counter()
+        gs.fit(gx, gy)
+        return time.perf_counter() - t0
 
-    with pool:
-        # loky's workers start once and stay for the next call: started before the clock, as in a long search.
-        Parallel(n_jobs=workers if tuned else None)(delayed(abs)(i) for i in range(4 * workers))
-        for f in glob.glob(record + "-*.json"):
-            os.remove(f)
-        par_s = search(workers if tuned else None, None)
+    # loky's workers start once and stay for the next call: started before the clock, as in a long search.
+    Parallel(n_jobs=workers if tuned else None)(delayed(abs)(i) for i in range(4 * workers))
+    for f in glob.glob(record + "-*.json"):
+        os.remove(f)
+    par_s = search(workers if tuned else None)
     seen = []
     for f in sorted(glob.glob(record + "-*.json")):
         with open(f, encoding="utf-8") as fh:
             seen.append(json.load(fh))
         os.remove(f)
-    seq_s = search(1, cores if tuned else None)
+    seq_s = search(1)
     candidates = fits // s["sklearn_folds"]
     out["grid"] = {
         "estimator": f"MLPClassifier(max_iter={s['sklearn_grid_iter']})", "grid": {k: [str(v) for v in vs] for k, vs in grid.items()},
         "candidates": candidates, "folds": s["sklearn_folds"], "rows": s["sklearn_grid_rows"],
         "n_jobs": workers if tuned else "library default (None: one)", "n_jobs_how": how if tuned else "library default",
-        "inner_max_num_threads": share if tuned else "library default",
+        "inner_max_num_threads": "not set (a user's plain GridSearchCV)" if tuned else "library default",
         "share": share, "cores": cores,
         "parallel_s": par_s, "sequential_s": seq_s,
         "parallel_per_min": candidates / par_s * 60, "sequential_per_min": candidates / seq_s * 60,
@@ -1699,13 +1763,13 @@ def w_features(p: dict[str, Any]) -> dict[str, Any]:
     tuned = p["mode"] == "tuned"
     if p.get("polars_threads"):
         threads, how = int(p["polars_threads"]), "one thread (the scaling run)"
-    elif tuned:
-        threads, how = _planned(p, "polars_threads", p["threads"], "threads_per_job")
     else:
-        threads, how = None, "library default"
+        # Tuned: the login shell's POLARS_MAX_THREADS as a user's code gets it (the check holds
+        # Polars' pool to the plan); baseline: no variable, the library default.
+        threads, how = None, _env_default(tuned, "POLARS_MAX_THREADS")
     if threads:
         os.environ["POLARS_MAX_THREADS"] = str(threads)
-    else:
+    elif not tuned:
         os.environ.pop("POLARS_MAX_THREADS", None)
     import polars as pl
 
@@ -1801,39 +1865,39 @@ def w_matrix(p: dict[str, Any]) -> dict[str, Any]:
         rows, how = int(planned * s["matrix_share"]), f"{s['matrix_share']:.0%} of {whose}"
     folds = s["matrix_folds"]
     rows -= rows % folds
-    threads = p["threads"] if tuned else None
     swap0 = _swapped_out()
-    with _limits(threads):
-        sgemm = _sgemm_rate(2048 if p["profile"] == "quick" else 4096)
-        t0 = time.perf_counter()
-        x = np.empty((rows, features), dtype=np.float32)
-        y = np.empty(rows, dtype=np.float32)
-        rng = np.random.default_rng(41)
-        w = rng.standard_normal(features).astype(np.float32)
-        chunk = max(1, (64 << 20) // (4 * features))
-        for i in range(0, rows, chunk):
-            block = x[i : i + chunk]
-            rng.standard_normal(out=block, dtype=np.float32)
-            np.matmul(block, w, out=y[i : i + chunk])
-            y[i : i + chunk] += rng.standard_normal(len(block), dtype=np.float32)
-        build_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        size = rows // folds
-        grams, xty = [], []
-        for k in range(folds):
-            xk, yk = x[k * size : (k + 1) * size], y[k * size : (k + 1) * size]  # views, no copy
-            grams.append((xk.T @ xk).astype(np.float64))
-            xty.append((xk.T @ yk).astype(np.float64))
-        total_g, total_b = sum(grams), sum(xty)
-        sse = sst = 0.0
-        lam = 1.0 * rows / folds
-        for k in range(folds):
-            coef = np.linalg.solve(total_g - grams[k] + lam * np.eye(features), total_b - xty[k])
-            xk, yk = x[k * size : (k + 1) * size], y[k * size : (k + 1) * size]
-            resid = yk - xk @ coef.astype(np.float32)
-            sse += float(resid @ resid)
-            sst += float(((yk - yk.mean()) ** 2).sum())
-        cv_s = time.perf_counter() - t0
+    # No limit: the BLAS threads the environment gives (role thread_env), read here.
+    threads = _blas_threads() if tuned else None
+    sgemm = _sgemm_rate(2048 if p["profile"] == "quick" else 4096)
+    t0 = time.perf_counter()
+    x = np.empty((rows, features), dtype=np.float32)
+    y = np.empty(rows, dtype=np.float32)
+    rng = np.random.default_rng(41)
+    w = rng.standard_normal(features).astype(np.float32)
+    chunk = max(1, (64 << 20) // (4 * features))
+    for i in range(0, rows, chunk):
+        block = x[i : i + chunk]
+        rng.standard_normal(out=block, dtype=np.float32)
+        np.matmul(block, w, out=y[i : i + chunk])
+        y[i : i + chunk] += rng.standard_normal(len(block), dtype=np.float32)
+    build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    size = rows // folds
+    grams, xty = [], []
+    for k in range(folds):
+        xk, yk = x[k * size : (k + 1) * size], y[k * size : (k + 1) * size]  # views, no copy
+        grams.append((xk.T @ xk).astype(np.float64))
+        xty.append((xk.T @ yk).astype(np.float64))
+    total_g, total_b = sum(grams), sum(xty)
+    sse = sst = 0.0
+    lam = 1.0 * rows / folds
+    for k in range(folds):
+        coef = np.linalg.solve(total_g - grams[k] + lam * np.eye(features), total_b - xty[k])
+        xk, yk = x[k * size : (k + 1) * size], y[k * size : (k + 1) * size]
+        resid = yk - xk @ coef.astype(np.float32)
+        sse += float(resid @ resid)
+        sst += float(((yk - yk.mean()) ** 2).sum())
+    cv_s = time.perf_counter() - t0
     flops = 2.0 * rows * features * features + 2.0 * rows * features * 2
     return {"rows": rows, "features": features, "bytes": x.nbytes + y.nbytes, "rows_how": how,
             "planned_rows": planned, "planned_bytes": plan.get("feature_matrix_bytes") or planned * features * 4,
@@ -1904,9 +1968,12 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
     tuned = p["mode"] == "tuned"
     cores = p["threads"]
     if tuned:
-        workers, whow = _planned(p, "dataloader_workers", 0 if cores < 2 else max(1, cores // 4),
-                                 "a worker per 4 physical cores, at least 1")
-        threads, thow = _planned(p, "dataloader_threads", max(1, cores - workers), "the cores the workers leave")
+        # What a training script does with role thread_env's variables (torch reads none itself):
+        # DataLoader(num_workers=PROVISIONER_DATALOADER_WORKERS), torch.set_num_threads(PROVISIONER_DATALOADER_THREADS).
+        workers, whow = _from_env("PROVISIONER_DATALOADER_WORKERS", p, "dataloader_workers",
+                                  0 if cores < 2 else max(1, cores // 4), "a worker per 4 physical cores, at least 1")
+        threads, thow = _from_env("PROVISIONER_DATALOADER_THREADS", p, "dataloader_threads", max(1, cores - workers),
+                                  "the cores the workers leave")
     else:
         workers, whow, threads, thow = 0, "library default (num_workers=0)", None, "library default"
     paths = _write_shards(os.path.join(p["workdir"], "shards"), s["loader_rows"], s["loader_shards"], LOADER_FEATURES)
@@ -1948,14 +2015,15 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
             _shard_dataset(paths, s["loader_batch"]), batch_size=None, num_workers=num_workers,
             **({"prefetch_factor": 4, "persistent_workers": False} if num_workers else {}))
 
+    default_threads = torch.get_num_threads()  # the environment's OMP_NUM_THREADS, as torch took it
     if threads:
         torch.set_num_threads(threads)
     in_memory = list(loader(0)())
     train(lambda: in_memory[:20], 1)  # warm: torch's first steps allocate what every later step reuses
     limit = train(lambda: in_memory, s["loader_epochs"])
     planned = train(loader(workers), s["loader_epochs"])
-    if tuned:
-        torch.set_num_threads(cores)
+    # num_workers=0 as a script without the split writes it: torch's own default threads again.
+    torch.set_num_threads(default_threads)
     inline = train(loader(0), s["loader_epochs"])
     return {"torch": torch.__version__, "rows": s["loader_rows"], "shards": len(paths), "shard_bytes": data_bytes,
             "batch": s["loader_batch"], "epochs": s["loader_epochs"], "features": LOADER_FEATURES,
@@ -1972,16 +2040,10 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
     if missing:
         return missing
     tuned = p["mode"] == "tuned"
-    if tuned:
-        intra, ihow = _planned(p, "tf_intra_op_threads", p["threads"], "threads_per_job")
-        inter, jhow = _planned(p, "tf_inter_op_threads", 1, "one")
-        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    # Tuned: TensorFlow reads TF_NUM_INTRAOP_THREADS, TF_NUM_INTEROP_THREADS and TF_ENABLE_ONEDNN_OPTS
+    # from the login shell's environment itself, as in a user's script: nothing is set here.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     import tensorflow as tf
-
-    if tuned:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
     try:
         from tensorflow.python.util import _pywrap_util_port
 
@@ -2015,9 +2077,9 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
         step_times.append((time.perf_counter() - t0) / s["tf_steps"])
     weights = inputs * width + width * width + width
     return {"tensorflow": tf.__version__, "onednn": onednn, "onednn_how": onednn_how,
-            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads() or "library default",
-            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "library default",
-            "threads_how": f"{ihow}; {jhow}" if tuned else "library default",
+            "intra_op_threads": _env_int("TF_NUM_INTRAOP_THREADS") if tuned else "library default",
+            "inter_op_threads": _env_int("TF_NUM_INTEROP_THREADS") if tuned else "library default",
+            "threads_how": _env_default(tuned, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"),
             "batch": batch, "width": width, "step_s": step_times, "samples_per_s": batch / median(step_times),
             "gflops": 6 * batch * weights / median(step_times) / 1e9, "sgemm_gflops": sgemm, "sgemm_n": n}
 
