@@ -1,8 +1,8 @@
 """The `provisioner` command: parse, call, print (what each command does: provisioner.commands).
 
-Exit codes: 0 success; 1 a task or check failed on a host; 2 bad input, refused before
-any host was touched; 3 a host was unreachable (network, SSH login or host key);
-4 a problem on the control node itself.
+Exit codes: 0 success; 1 a task or check failed on a host; 2 bad input, refused with no change
+on any host; 3 a host was unreachable (network, SSH login or host key); 4 a problem on the
+control node itself; 130 interrupted by SIGINT or SIGTERM (every process of the run ended first).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from . import __version__, commands, options, render
-from .errors import BadInput, ProvisionerError
-from .result import Result, refused
+from . import __version__, commands, engine, options, render
+from .errors import BadInput, Interrupted, ProvisionerError
+from .result import Result, interrupted, refused
 from .runs import ProgressCallback
 
 app = typer.Typer(
@@ -45,6 +45,13 @@ AcceptNew = Annotated[
         help="Trust the SSH host key of a host seen for the first time (a changed key is still refused).",
     ),
 ]
+ConnectTimeout = Annotated[
+    int,
+    typer.Option(
+        "--connect-timeout",
+        help="Seconds a host may take to answer before it is reported unreachable (an inventory's ansible_timeout wins).",
+    ),
+]
 
 
 def _version(value: bool) -> None:
@@ -67,15 +74,22 @@ def _finish(
     show: Callable[[Any], None],
     *,
     progress: bool = False,
+    connect_timeout: int | None = None,
 ) -> NoReturn:
     """The one way every command ends: call it, print its result (tables, or the JSON
     envelope with --json), its notes and errors, and exit with its code. An error raised
-    before the command had anything to show leaves the same way, as a result without data."""
-    try:
-        with render.live_progress(enabled=progress and not json and render.console.is_terminal) as on_progress:
-            result = call(on_progress)
-    except ProvisionerError as exc:
-        result = refused(command, exc)
+    before the command had anything to show leaves the same way, as a result without data.
+    SIGINT or SIGTERM stops the command's run as a whole (engine.interruptible): the result
+    then says so, exit code 130."""
+    with engine.interruptible():
+        try:
+            if connect_timeout is not None:
+                engine.set_connect_timeout(connect_timeout)
+            with render.live_progress(enabled=progress and not json and render.console.is_terminal) as on_progress:
+                result = call(on_progress)
+        except (ProvisionerError, Interrupted) as exc:
+            result = refused(command, exc)
+        result = interrupted(result, engine.interrupted())
     if json:
         render.print_json(result.envelope())
         render.notes((), result.errors)
@@ -87,13 +101,20 @@ def _finish(
 
 
 @app.command()
-def facts(inventory: Inventory = None, limit: Limit = None, json: Json = False, accept_new_host_keys: AcceptNew = False) -> None:
+def facts(
+    inventory: Inventory = None,
+    limit: Limit = None,
+    json: Json = False,
+    accept_new_host_keys: AcceptNew = False,
+    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+) -> None:
     """Discover each host's hardware: CPU, ISA, caches, memory, drives, virtualization, OS."""
     _finish(
         "facts",
         json,
         lambda _: commands.facts(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
         lambda outcome: render.fact_run(outcome, render.facts),
+        connect_timeout=connect_timeout,
     )
 
 
@@ -104,6 +125,7 @@ def plan(
     extra_vars: ExtraVars = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
+    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Derive the tuning plan from each host's hardware, each setting with its reason."""
     _finish(
@@ -116,6 +138,7 @@ def plan(
             accept_new_host_keys=accept_new_host_keys,
         ),
         lambda outcome: render.fact_run(outcome, render.plan),
+        connect_timeout=connect_timeout,
     )
 
 
@@ -145,6 +168,7 @@ def up(
         int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log; every change and check.")
     ] = 0,
     accept_new_host_keys: AcceptNew = False,
+    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
     batch: Annotated[
         str | None,
         typer.Option(
@@ -182,6 +206,7 @@ def up(
         ),
         lambda outcome: render.up(outcome, verbose=bool(verbose)),
         progress=True,
+        connect_timeout=connect_timeout,
     )
 
 
@@ -205,6 +230,7 @@ def undo(
     ] = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
+    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Restore the values provisioner's tuning changed, as recorded on each host before its first change.
 
@@ -225,6 +251,7 @@ def undo(
         ),
         render.undo,
         progress=True,
+        connect_timeout=connect_timeout,
     )
 
 
@@ -250,7 +277,13 @@ def verify(
 
 
 @app.command()
-def status(inventory: Inventory = None, limit: Limit = None, json: Json = False, accept_new_host_keys: AcceptNew = False) -> None:
+def status(
+    inventory: Inventory = None,
+    limit: Limit = None,
+    json: Json = False,
+    accept_new_host_keys: AcceptNew = False,
+    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+) -> None:
     """Show, per host, every setting the roles manage: expected, live, and ok / drifted / not applicable.
 
     Changes nothing and needs no smoke run. Exit code 1 when anything drifted (provisioner up
@@ -261,6 +294,7 @@ def status(inventory: Inventory = None, limit: Limit = None, json: Json = False,
         json,
         lambda _: commands.status(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
         render.status,
+        connect_timeout=connect_timeout,
     )
 
 
@@ -287,7 +321,9 @@ def smoke(
         bool,
         typer.Option(
             "--cluster",
-            help="Only the distributed trials on the Ray cluster (role ray), from its head: every node vs the head alone.",
+            help="The distributed trials on the Ray cluster (role ray), driven from its head (every node vs the head "
+            "alone), and the head's own checks (idle host, threads, THP, governor, data mount); only the hosts of "
+            "ray_head and ray_workers take part, any other is left out and named.",
         ),
     ] = False,
     config_only: Annotated[
@@ -301,6 +337,7 @@ def smoke(
     extra_vars: ExtraVars = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
+    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Run the ML workloads on each host and hold every figure against the hardware's limit.
 
@@ -323,6 +360,7 @@ def smoke(
         ),
         render.smoke_run,
         progress=True,
+        connect_timeout=connect_timeout,
     )
 
 
@@ -483,7 +521,11 @@ def _lab_servers(servers: list[Any]) -> None:
 
 @serve_app.command("status")
 def serve_status(
-    inventory: Inventory = None, limit: Limit = None, json: Json = False, accept_new_host_keys: AcceptNew = False
+    inventory: Inventory = None,
+    limit: Limit = None,
+    json: Json = False,
+    accept_new_host_keys: AcceptNew = False,
+    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Per host and worker: unit state, CPU slice, threads, model versions, cache and requests/s.
 
@@ -494,6 +536,7 @@ def serve_status(
         json,
         lambda _: commands.serve_status(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
         render.serve_status,
+        connect_timeout=connect_timeout,
     )
 
 
@@ -505,6 +548,7 @@ def serve_load(
     limit: Limit = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
+    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Add a model version to the registry and roll it in worker by worker, without dropping requests.
 
@@ -519,6 +563,7 @@ def serve_load(
         ),
         render.run_summary,
         progress=True,
+        connect_timeout=connect_timeout,
     )
 
 

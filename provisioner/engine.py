@@ -11,12 +11,13 @@ import atexit
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import yaml
 
 from . import paths
-from .errors import BadInput, ProvisionerError
+from .errors import BadInput, Interrupted, ProvisionerError
 from .runs import WARNING_PREFIX, Change, Diff, HostResult, ProgressCallback, RunResult
 from .system import locked
 
@@ -259,6 +260,63 @@ def parse_max_fail(value: str) -> int:
     return int(m[1])
 
 
+# Seconds a host may take to answer a connection (Ansible's timeout: ssh's ConnectTimeout, the
+# connect deadline of Mitogen, which also gives each Python it tries no more): --connect-timeout.
+# An inventory's ansible_timeout for a host wins (the lab VMs' 60 s under emulation).
+DEFAULT_CONNECT_TIMEOUT = 10
+_connect_timeout = DEFAULT_CONNECT_TIMEOUT
+
+
+def set_connect_timeout(seconds: int) -> None:
+    """The connection timeout of every run this command starts; a whole number of seconds from 1."""
+    global _connect_timeout
+    if seconds < 1:
+        raise BadInput(
+            f"--connect-timeout {seconds}: give a whole number of seconds, 1 or more (default {DEFAULT_CONNECT_TIMEOUT})"
+        )
+    _connect_timeout = seconds
+
+
+def connect_timeout() -> int:
+    return _connect_timeout
+
+
+def _patterns(limit: str) -> list[str]:
+    """The parts of an Ansible host pattern (a,b or a:b), as Ansible splits it."""
+    from ansible.inventory.manager import split_host_pattern
+
+    return [p for p in split_host_pattern(limit) if p]
+
+
+def check_limit(inventory: Path, limit: str | None) -> None:
+    """Refuse --limit here, before any host is contacted, when it or one of its parts matches no
+    host of the inventory (Ansible would warn, drop that part and run on the rest, or stop with a
+    sentence of its own): the one line names what the inventory has."""
+    if not limit:
+        return
+    from ansible import constants
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
+    said, constants.HOST_PATTERN_MISMATCH = constants.HOST_PATTERN_MISMATCH, "ignore"  # the refusal says it, once
+    try:
+        # An exclusion (!x) that excludes nothing harms nothing; @file is read by Ansible.
+        missing = [p for p in _patterns(limit) if p[0] not in "!@" and not manager.get_hosts(pattern=p.lstrip("&"))]
+        manager.subset(limit)
+        if not missing and manager.get_hosts("all"):
+            return
+    finally:
+        constants.HOST_PATTERN_MISMATCH = said
+    groups = sorted(g for g in manager.groups if g not in ("all", "ungrouped"))
+    hosts = sorted(manager.hosts)
+    names = [*(f"group {g}" for g in groups[:10]), *hosts[:10]]
+    more = len(groups[10:]) + len(hosts[10:])
+    have = ", ".join(names) + (f" and {more} more" if more else "")
+    what = f"{', '.join(missing)} {'matches' if len(missing) == 1 else 'match'} no host" if missing else "matches no host"
+    raise BadInput(f"--limit {limit}: {what} of {inventory}; name hosts or groups it has: {have}")
+
+
 def fleet_hosts(inventory: Path, limit: str | None) -> list[str]:
     """The hosts a run reaches: the inventory's, narrowed by --limit as Ansible reads the pattern."""
     from ansible.inventory.manager import InventoryManager
@@ -326,6 +384,131 @@ _MUX = _Multiplexer()
 def close_connections() -> None:
     """Close this command's SSH masters now (also done when the process exits)."""
     _MUX.close()
+
+
+# ---------------------------------------------------------------- interruption
+
+# SIGINT or SIGTERM to the command (a terminal's Ctrl-C, a supervisor, a CI cancel, kill -INT PID)
+# stops its run as a whole. ansible-runner starts ansible-playbook in a session of its own (on a
+# pty), so neither a terminal's Ctrl-C nor a signal to this process alone reaches it: the handler
+# sends SIGINT to the run's process group (ansible-playbook, its workers, their ssh), waits for
+# ansible-playbook to end as it does on Ctrl-C, and kills the group after INTERRUPT_GRACE_SECONDS
+# or at a second signal. Processes of the run that left the group (an ssh master, Mitogen's
+# children) are found by RUN_MARKER_ENV in their environment and ended too.
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+INTERRUPT_GRACE_SECONDS = 20.0
+RUN_MARKER_ENV = "PROVISIONER_RUN"
+
+
+class _Interruption:
+    """The signal that stopped this command, and what the handler does with it."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.count = 0
+        self.at = 0.0
+        self.forwarded = False
+        self.running = False  # inside ansible_runner.run: forward, never raise
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def handle(self, signum: int, frame: Any = None) -> None:
+        self.count += 1
+        if not self.signum:
+            self.signum, self.at = signum, time.monotonic()
+        if not self.running:
+            raise Interrupted(self.signum)
+        # A second signal: no more waiting.
+        self.forwarded = forward_to_runs(signal.SIGINT if self.count == 1 else signal.SIGKILL) or self.forwarded
+
+    def cancel(self) -> bool:
+        """ansible-runner's cancel_callback (polled while the run goes on): True kills the run's group."""
+        if not self.signum:
+            return False
+        if not self.forwarded:  # the signal came while ansible-playbook was being started
+            self.forwarded = forward_to_runs(signal.SIGINT)
+        return time.monotonic() - self.at > INTERRUPT_GRACE_SECONDS
+
+    def check(self) -> None:
+        """No new run once the command was interrupted."""
+        if self.signum:
+            raise Interrupted(self.signum)
+
+
+_INTERRUPT = _Interruption()
+
+
+def interrupted() -> int:
+    """The signal that interrupted this command (0: none)."""
+    return _INTERRUPT.signum
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """While active (the whole command), SIGINT and SIGTERM stop the command's run as a whole
+    (see INTERRUPT_SIGNALS) instead of killing this process alone; outside a run they raise
+    Interrupted. Only the main thread can set signal handlers: elsewhere this does nothing."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _INTERRUPT.reset()
+    before = {s: signal.signal(s, _INTERRUPT.handle) for s in INTERRUPT_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def _run_marker(ident: str) -> str:
+    return f"{os.getpid()}:{ident}"
+
+
+def _marked(proc: Any, prefix: str) -> bool:
+    import psutil
+
+    try:
+        return str(proc.environ().get(RUN_MARKER_ENV, "")).startswith(prefix)
+    except (psutil.Error, OSError):
+        return False
+
+
+def forward_to_runs(signum: int) -> bool:
+    """Send `signum` to the process group of each run this process started (a child of it
+    marked with RUN_MARKER_ENV, the leader of its own session); True when there was one."""
+    import psutil
+
+    sent = False
+    for child in psutil.Process().children():
+        if _marked(child, f"{os.getpid()}:"):
+            try:
+                os.killpg(os.getpgid(child.pid), signum)
+                sent = True
+            except ProcessLookupError:
+                pass
+    return sent
+
+
+def end_run_processes(prefix: str | None = None, grace: float = 5.0) -> int:
+    """End every process still carrying this command's run marker (SIGTERM, then SIGKILL after
+    `grace` seconds) and wait for them; returns how many there were."""
+    import psutil
+
+    prefix = prefix or f"{os.getpid()}:"
+    me = os.getpid()
+    left = [p for p in psutil.process_iter() if p.pid != me and _marked(p, prefix)]
+    for p in left:
+        with suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(left, timeout=grace)
+    for p in alive:
+        with suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=grace)
+    return len(left)
 
 
 def _ssh_args(accept_new_host_keys: bool) -> str:
@@ -448,13 +631,12 @@ def run_playbook(
 
     check_tags(tags, skip_tags)
     hostvars = inventory_hosts(inventory)  # refuse a malformed inventory before any host is touched
+    check_limit(inventory, limit)
     parallel = len(hostvars)
     extravars = dict(extravars or {})
     rolling: dict[str, int] = {}
     if batch is not None:
         fleet = fleet_hosts(inventory, limit)
-        if not fleet:
-            raise BadInput(f"--limit {limit} matches no host of {inventory}: name hosts or groups the inventory has")
         parallel = rolling["hosts_per_batch"] = batch.hosts(len(fleet))
         rolling["fleet"] = len(fleet)
         extravars[SERIAL_VAR] = parallel
@@ -484,6 +666,8 @@ def run_playbook(
     )
     cmdline = " ".join(["--check --diff" if check else "", *(["-" + "v" * verbosity] if verbosity else [])])
     started = time.monotonic()
+    _INTERRUPT.check()
+    _INTERRUPT.running = True
     try:
         runner = ansible_runner.run(
             private_data_dir=str(private),
@@ -497,9 +681,17 @@ def run_playbook(
             skip_tags=",".join(skip_tags) or None,
             extravars=extravars,
             cmdline=cmdline.strip() or None,
-            envvars=_run_env(accept_new_host_keys, playbook, check),
+            envvars={
+                **_run_env(accept_new_host_keys, playbook, check),
+                # Every process of the run inherits it: how an interruption finds them all.
+                RUN_MARKER_ENV: _run_marker(ident),
+                # Ansible's connection timeout (ssh's ConnectTimeout, Mitogen's connect deadline);
+                # an inventory's ansible_timeout wins over it.
+                "ANSIBLE_TIMEOUT": str(connect_timeout()),
+            },
             forks=forks,
             event_handler=collector.handle,
+            cancel_callback=_INTERRUPT.cancel,
             quiet=True,
             # Rotated below, not by ansible-runner: its rotation races with another run's
             # (two provisioner commands at once), deleting a directory the other still writes.
@@ -507,10 +699,15 @@ def run_playbook(
             timeout=None,
         )
     finally:
+        _INTERRUPT.running = False
+        if _INTERRUPT.signum:
+            end_run_processes()  # what left the run's process group, and what outlived the kill
         shutil.rmtree(private, ignore_errors=True)
         rotate_artifacts(runs / "artifacts", keep=KEEP_ARTIFACTS)
     seconds = time.monotonic() - started
     artifact_dir = Path(runner.config.artifact_dir)
+    if _INTERRUPT.signum and not collector.hosts:
+        raise Interrupted(_INTERRUPT.signum)
     if runner.rc != 0 and not collector.hosts:
         # ansible-playbook stopped before reaching any host: bad input.
         stdout = runner.stdout.read() if runner.stdout else ""
@@ -527,6 +724,7 @@ def run_playbook(
         artifact_dir=artifact_dir,
         seconds=seconds,
         hostvars=hostvars,
+        interrupted=_INTERRUPT.signum,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import signal
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal
@@ -117,6 +118,8 @@ def summary_title(result: RunResult) -> str:
         title += ")"
     if result.check:
         title += " (check mode: nothing was changed)"
+    if result.interrupted:
+        title += f": interrupted by {signal.Signals(result.interrupted).name}, stopped before the end"
     return title
 
 
@@ -229,6 +232,24 @@ def _in_use(d: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def human_bytes(size: int | float) -> str:
+    """A byte count as people read it, in binary units: 20220856800 -> '18.8 GiB'."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size) >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{int(size)} B"
+
+
+def plan_value(key: str, value: Any) -> str:
+    """A plan setting's value for the terminal: sizes (keys ending in _bytes) in GiB/MiB, lists
+    and mappings as JSON, nothing as '-'. --json keeps the raw values."""
+    if value is None:
+        return "-"
+    if key.endswith("_bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return human_bytes(value)
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
 def plan(plans_by_host: dict[str, dict[str, Any]]) -> None:
     for host, p in plans_by_host.items():
         table = Table(title=f"{host}: plan")
@@ -236,15 +257,56 @@ def plan(plans_by_host: dict[str, dict[str, Any]]) -> None:
         table.add_column("value")
         table.add_column("why")
         for s in p.get("settings", []):
-            value = s["value"]
-            shown = "-" if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-            table.add_row(s["key"], Text(shown), Text(s["reason"]))
+            shown, reason = plan_value(s["key"], s["value"]), str(s["reason"])
+            if shown != str(s["value"]) and reason.startswith(f"{s['value']}: "):
+                reason = reason[len(f"{s['value']}: ") :]  # the raw count again, shown better beside it
+            table.add_row(s["key"], Text(shown), Text(reason))
         console.print(table)
         storage = p.get("storage")
         if storage:
-            console.print(Text("storage proposal: ", style="bold") + Text(json.dumps(storage)))
+            storage_proposal(storage)
         for w in p.get("warnings", []):
             console.print(Text("warning: ", style="yellow") + Text(w))
+
+
+def storage_sentence(storage: dict[str, Any]) -> str:
+    """The plan's storage proposal in one sentence: what array, of how many drives, where, how
+    big, and whether it is confirmed; or why nothing is proposed."""
+    if not storage.get("proposed"):
+        return str(storage.get("reason") or "nothing proposed")
+    devices = storage.get("devices") or []
+    level, backend = str(storage.get("level")), str(storage.get("backend"))
+    kind = f"{level} ({backend}" if level != "single" else f"one drive ({backend}"
+    kind += f", {storage.get('filesystem')}" + (f", chunk {storage['chunk_kb']} KiB" if storage.get("chunk_kb") else "") + ")"
+    state = (
+        "confirmed"
+        if storage.get("confirmed")
+        else "a proposal only: nothing is built until -e storage_use_plan_proposal=true confirms it (or storage_devices names drives)"
+    )
+    drives = f"{len(devices)} drive{'s' if len(devices) != 1 else ''}"
+    return f"{kind} of {drives} at {storage.get('mountpoint')}, {human_bytes(storage.get('usable_bytes') or 0)} usable; {state}"
+
+
+def storage_proposal(storage: dict[str, Any]) -> None:
+    """The storage proposal as a sentence, the drives it would use as a table, the drives it leaves
+    out with their reasons."""
+    console.print(Text("storage: ", style="bold") + Text(storage_sentence(storage)), soft_wrap=True)
+    reason = str(storage.get("reason") or "")
+    if storage.get("proposed") and "; " in reason:
+        # The plan's reason starts with what the sentence says; the rest is why this level and layout.
+        console.print(Text("  why: " + reason.split("; ", 1)[1], style="dim"), soft_wrap=True)
+    devices = storage.get("devices") or []
+    if devices:
+        table = Table(title="drives proposed")
+        for col in ("drive", "size", "model"):
+            table.add_column(col)
+        for d in devices:
+            table.add_row(
+                Text(str(d.get("id") or d.get("name"))), human_bytes(d.get("size_bytes") or 0), Text(str(d.get("model") or ""))
+            )
+        console.print(table)
+    for d in storage.get("excluded") or []:
+        console.print(Text(f"  left out: {d.get('path') or d.get('name')}: {d.get('reason')}", style="dim"), soft_wrap=True)
 
 
 def verify_summary(result: VerifyResult, verbose: bool = False) -> None:
@@ -352,13 +414,16 @@ def status(result: StatusRun) -> None:
             table.add_column(col, overflow="fold")
         for s in h.settings:
             state = str(s.get("state", ""))
+            reason = Text(str(s.get("reason") or ""))
+            if s.get("repair"):  # a file provisioner does not own sets the value: what fixes it
+                reason.append(("\n" if reason else "") + str(s["repair"]), style="yellow")
             table.add_row(
                 Text(str(s.get("role", ""))),
                 Text(str(s.get("name", ""))),
                 Text(_shown(s.get("expected"))),
                 Text(_shown(s.get("live"))),
                 Text(state, style=_SETTING_STYLE.get(state, "")),
-                Text(str(s.get("reason") or "")),
+                reason,
             )
         console.print(table)
 

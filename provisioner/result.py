@@ -13,10 +13,10 @@ prints it, as tables or as the envelope, and exits with its exit code:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from .errors import ExitCode, ProvisionerError
+from .errors import ExitCode, Interrupted, ProvisionerError, interrupted_message
 
 # Bump when a key of the envelope, or of a command's data, changes meaning or goes away.
 SCHEMA = 1
@@ -51,9 +51,20 @@ class Result(Generic[T]):
         }
 
 
-def refused(command: str, exc: ProvisionerError) -> Result[None]:
-    """A command stopped by an error before it had anything to show (bad input, a control-node problem)."""
+def refused(command: str, exc: ProvisionerError | Interrupted) -> Result[None]:
+    """A command stopped by an error before it had anything to show (bad input, a control-node
+    problem, a signal while no playbook ran)."""
     return Result(command, None, exc.exit_code, errors=(str(exc),))
+
+
+def interrupted(result: Result[T], signum: int) -> Result[T]:
+    """The result of a command that `signum` (SIGINT, SIGTERM) interrupted, wherever it came (in a
+    run, between two, in verify): exit code 130 and, first among its errors, the line saying so."""
+    if not signum:
+        return result
+    line = interrupted_message(signum)
+    errors = result.errors if line in result.errors else (line, *result.errors)
+    return replace(result, exit_code=ExitCode.INTERRUPTED, errors=errors)
 
 
 def first_failure(codes: Iterable[int | None]) -> ExitCode:

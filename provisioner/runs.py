@@ -6,12 +6,13 @@ them without knowing anything of Ansible.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ExitCode
+from .errors import ExitCode, interrupted_message
 
 
 @dataclass
@@ -104,9 +105,13 @@ class RunResult:
     hostvars: dict[str, dict[str, Any]] = field(default_factory=dict)
     # A rolling run (--batch): fleet, hosts_per_batch, max_fail_percentage; empty otherwise.
     batch: dict[str, int] = field(default_factory=dict)
+    # The signal (SIGINT, SIGTERM) that stopped the run before its end; 0 when it ran to the end.
+    interrupted: int = 0
 
     @property
     def exit_code(self) -> ExitCode:
+        if self.interrupted:
+            return ExitCode.INTERRUPTED
         if any(h.unreachable for h in self.hosts.values()):
             return ExitCode.UNREACHABLE
         if any(h.status == "refused" for h in self.hosts.values()) and not any(h.status == "failed" for h in self.hosts.values()):
@@ -125,8 +130,8 @@ class RunResult:
     @property
     def errors(self) -> list[str]:
         """Every host's one-line errors, failures first, each naming its host (in a fleet, a
-        task's failure alone does not say where)."""
-        return [
+        task's failure alone does not say where); an interrupted run's line first."""
+        return ([interrupted_message(self.interrupted)] if self.interrupted else []) + [
             e if e.startswith(f"{h.host}: ") else f"{h.host}: {e}" for h in failures_first(self.hosts.values()) for e in h.errors
         ]
 
@@ -144,6 +149,7 @@ class RunResult:
             "seconds": round(self.seconds, 2),
             "artifact_dir": str(self.artifact_dir),
             "batch": self.batch or None,
+            "interrupted": signal.Signals(self.interrupted).name if self.interrupted else None,
             "summary": self.counts(),
             # Failures first, as the terminal table shows them.
             "hosts": {h.host: h.to_dict() for h in failures_first(self.hosts.values())},

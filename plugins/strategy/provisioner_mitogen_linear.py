@@ -32,6 +32,7 @@ ansible_mitogen.affinity.policy = ansible_mitogen.affinity.Policy()
 
 import ansible_mitogen.connection  # noqa: E402
 import ansible_mitogen.loaders  # noqa: E402  (after the policy is replaced)
+import ansible_mitogen.mixins  # noqa: E402
 import ansible_mitogen.strategy  # noqa: E402
 
 
@@ -49,6 +50,8 @@ def _load_neighbour(stem: str):
 
 template_cache = _load_neighbour("_template_cache")
 _load_neighbour("_host_keys").install(ansible_mitogen.connection)
+# A host that does not answer is reported after one connection timeout, not one per Python name.
+_load_neighbour("_discovery").install(ansible_mitogen.mixins)
 
 Base = ansible_mitogen.loaders.strategy_loader.get("linear", class_only=True)
 

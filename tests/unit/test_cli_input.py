@@ -134,3 +134,41 @@ def test_smoke_refuses_bad_options_before_touching_a_host():
     result = runner.invoke(app, ["smoke", "-e", "smoke_workloads=[nope]"])
     assert result.exit_code == ExitCode.BAD_INPUT
     assert "smoke_workloads: nope is not one of" in result.output
+
+
+def fleet_inventory(tmp_path: Path) -> Path:
+    """Two hosts in group web at lab addresses nothing answers on (nothing may connect to them)."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(
+        "all:\n  children:\n    web:\n      hosts:\n"
+        "        web1: {ansible_host: 10.213.250.2}\n        web2: {ansible_host: 10.213.250.3}\n"
+    )
+    return inv
+
+
+@pytest.mark.parametrize("limit, unmatched", [("nosuchhost", "nosuchhost"), ("web1,wbe2", "wbe2"), ("web:&db", "&db")])
+def test_a_limit_that_matches_no_host_is_refused_before_any_run(tmp_path: Path, monkeypatch, limit: str, unmatched: str):
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    result = invoke("facts", "-i", str(fleet_inventory(tmp_path)), "--limit", limit)
+    assert result.exit_code == ExitCode.BAD_INPUT, result.output
+    line = result.stderr.strip()
+    assert line.startswith(f"error: --limit {limit}: {unmatched} matches no host of "), line
+    assert line.endswith("name hosts or groups it has: group web, web1, web2"), line
+    assert "Could not match supplied host pattern" not in result.output  # Ansible's own words stay out
+    assert not (tmp_path / "state" / "runs").exists(), "no playbook may start"
+
+
+def test_a_limit_that_matches_is_left_to_ansible(tmp_path: Path):
+    inv = fleet_inventory(tmp_path)
+    for limit in ("web1", "web", "web*", "all:!web2", "web:!nosuchhost"):
+        engine.check_limit(inv, limit)
+
+
+def test_the_connect_timeout_is_a_whole_number_of_seconds_from_one(monkeypatch):
+    assert engine.connect_timeout() == engine.DEFAULT_CONNECT_TIMEOUT
+    result = invoke("facts", "--connect-timeout", "0")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert result.stderr.startswith("error: --connect-timeout 0: give a whole number of seconds")
+    monkeypatch.setattr(engine, "_connect_timeout", engine.DEFAULT_CONNECT_TIMEOUT)
+    engine.set_connect_timeout(4)
+    assert engine.connect_timeout() == 4

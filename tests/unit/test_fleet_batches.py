@@ -116,7 +116,7 @@ def test_a_rolling_run_hands_site_yml_the_batch_as_a_host_count_and_forks_one_pe
     [
         ({"batch": engine.Batch(4, False)}, "--batch 4: more hosts than the 3 this run reaches"),
         ({"batch": engine.Batch(3, False), "limit": "db"}, "--batch 3: more hosts than the 1 this run reaches"),
-        ({"batch": engine.Batch(1, False), "limit": "nosuch"}, "--limit nosuch matches no host"),
+        ({"batch": engine.Batch(1, False), "limit": "nosuch"}, "--limit nosuch: nosuch matches no host"),
         ({"max_fail": 10}, "--max-fail 10% stops a rolling run: give --batch"),
     ],
 )

@@ -68,3 +68,47 @@ def test_a_run_without_workloads_says_it_checked_the_configuration_only(monkeypa
     text = out.getvalue()
     assert "train-01: smoke quick (tuned)" in text and "train-01: smoke configuration only (tuned)" in text
     assert text.count("  peak: ") == 1  # the peak is a workload's limit: only the measured run shows it
+
+
+def plan_text(monkeypatch, fixture: str) -> str:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from facts_fixtures import load
+
+    from provisioner.plan import derive_plan
+
+    out = io.StringIO()
+    monkeypatch.setattr(render, "console", render.make_console(file=out, width=200))
+    render.plan({fixture: derive_plan(load(fixture)).to_dict()})
+    return out.getvalue()
+
+
+def test_sizes_are_shown_as_people_read_them():
+    assert render.human_bytes(20220856800) == "18.8 GiB"
+    assert render.human_bytes(3840755982336) == "3.5 TiB"
+    assert render.human_bytes(512 * 2**20) == "512.0 MiB"
+    assert render.human_bytes(100) == "100 B"
+    assert render.plan_value("feature_matrix_bytes", 20220856800) == "18.8 GiB"
+    assert render.plan_value("threads_per_job", 16) == "16"
+    assert render.plan_value("reboot_required_for", []) == "[]"
+
+
+def test_the_plan_shows_sizes_and_the_storage_proposal_as_a_sentence_and_a_table(monkeypatch):
+    text = plan_text(monkeypatch, "epyc_4545p")
+    row = next(line for line in text.splitlines() if "feature_matrix_bytes" in line)
+    assert "│ 150.6 GiB " in row and "161695386400" not in row, row  # 161695386400 bytes
+    assert "{" not in text, "no raw JSON"
+    assert (
+        "storage: raid0 (mdadm, xfs, chunk 512 KiB) of 2 drives at /data, 7.0 TiB usable; a proposal only: nothing is built "
+        "until -e storage_use_plan_proposal=true confirms it" in text
+    )
+    drives = [line for line in text.splitlines() if "/dev/disk/by-id/nvme-eui" in line]
+    assert len(drives) == 2 and all("3.5 TiB" in d and "SAMSUNG" in d for d in drives), drives
+    assert "left out: /dev/nvme0n1: root disk" in text
+
+
+def test_a_plan_without_a_proposal_says_why(monkeypatch):
+    text = plan_text(monkeypatch, "vm_2vcpu")
+    assert "storage: nothing proposed: raid0 needs 2 drive(s), found 0 unused NVMe data drive(s)" in text
+    assert "drives proposed" not in text
