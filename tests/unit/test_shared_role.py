@@ -150,3 +150,33 @@ def test_indexes_that_do_not_answer_are_named_and_one_that_answers_with_an_error
             assert refused in said[0] and "refused" in said[0].lower() and said[0].endswith("use another index")
     finally:
         server.shutdown()
+
+
+def test_the_packages_record_keeps_the_first_state_and_undo_never_purges_what_was_there(tmp_path):
+    """Entry points packages_record and packages_added, for real on this machine's dpkg: a run
+    whose reading of dpkg lacked coreutils finds it after its install, so coreutils is what that
+    install added; the record of the first install stays as written. packages_undo then finds
+    coreutils among the packages installed before the first install: it touches no package,
+    forgets the role's entries and removes the emptied record; a second undo does nothing."""
+    record = tmp_path / "state" / "originals" / "packages.json"
+    steps = [shared("packages", shared_packages=["dpkg"]),
+             {"name": "Lose coreutils", "ansible.builtin.set_fact": {
+                 "shared_installed_packages": "{{ shared_installed_packages | difference(['coreutils']) }}"}},
+             {"name": "Before", "ansible.builtin.include_role": {"name": "shared", "tasks_from": "packages_record"},
+              "vars": {"shared_role": "demo"}},
+             {"name": "After", "ansible.builtin.include_role": {"name": "shared", "tasks_from": "packages_added"},
+              "vars": {"shared_role": "demo"}}]
+    result = play(tmp_path, steps + steps)  # the same install twice: the first state stays as written
+    assert changed(result).count("Record the packages before the first install (first run only)") == 1
+    first = json.loads(record.read_text())
+    assert oct(record.stat().st_mode & 0o777) == "0o600"
+    assert first["added"] == {"demo": ["coreutils"]} and first["removed"] == {} and first["users_added"] == {}
+    assert {"dpkg", "coreutils"} <= set(first["before"]["installed"]) and first["provisioned_before"] is False
+
+    undo = shared("packages_undo")
+    checked = play(tmp_path, [undo], check=True)
+    assert json.loads(record.read_text()) == first, "check mode writes nothing"
+    assert "coreutils (installed before the first run)" in json.dumps(checked)
+    assert changed(play(tmp_path, [undo, undo])) == ["Purge the packages the installs of demo added"]
+    assert not record.exists()
+    assert subprocess.run(["dpkg-query", "--show", "coreutils"], capture_output=True).returncode == 0

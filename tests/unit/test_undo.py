@@ -165,3 +165,115 @@ def test_undo_tags_that_select_nothing_or_are_unknown_are_refused_before_any_run
     out = runner.invoke(app, ["undo", "-i", str(runs.inventory), "-t", "storage,hugepages"])
     assert out.exit_code == 0, out.output
     assert runs.ran == [("undo.yml", None)] and runs.tags == ("hugepages", "storage")
+
+
+# --------------------------------------------------------------------------
+# role shared's packages undo (files/provisioner_packages_undo.py): what it purges and keeps
+# --------------------------------------------------------------------------
+
+def _packages_undo():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "provisioner_packages_undo", Path(__file__).resolve().parents[2] / "roles/shared/files/provisioner_packages_undo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PKG = _packages_undo()
+RECORD = {"role": "packages", "schema": 1, "provisioned_before": False,
+          "before": {"installed": ["bash", "python3"], "config_files": ["tuned"]},
+          "added": {"cpu_tuning": ["tuned", "python3-dbus", "bash", "gone"], "common": ["wrk"]},
+          "removed": {}, "users_added": {"monitoring": ["prometheus"]}, "groups_added": {"monitoring": ["prometheus"]}}
+
+
+class Apt:
+    """The host's answers, as apt-get, apt-cache, dpkg-query, getent, ps, userdel, groupdel give
+    them; every command is kept."""
+
+    def __init__(self, installed, *, purge_takes=(), depends="", passwd="", group="", busy=()):
+        self.installed, self.purge_takes, self.depends = set(installed), set(purge_takes), depends
+        self.passwd, self.group, self.busy, self.ran = passwd, group, set(busy), []
+
+    def __call__(self, argv):
+        argv = list(argv)
+        self.ran.append(argv)
+        if argv[0] == "dpkg-query":
+            return 0, "".join(f"installed {p}\n" for p in sorted(self.installed)) + "config-files old\n"
+        if argv[:2] == ["apt-get", "-s"]:
+            names = [a for a in argv[4:] if a != "purge"]
+            extra = sorted(self.purge_takes) if set(names) & {"python3-dbus"} else []
+            return 0, "".join(f"Purg {n} [1.0]\n" for n in [*names, *extra])
+        if argv[0] == "apt-cache":
+            return 0, self.depends
+        if argv[0] == "getent":
+            return 0, self.passwd if argv[1] == "passwd" else self.group
+        if argv[0] == "ps":
+            user = argv[-1]
+            return (0, " 4242\n") if user in self.busy else (1, "")
+        return 0, ""
+
+
+def test_packages_undo_purges_what_the_role_added_and_never_what_was_there_before():
+    apt = Apt(["tuned", "python3-dbus", "bash", "python3", "wrk"])
+    result, after = PKG.undo(RECORD, "cpu_tuning", keep=False, check=False, runner=apt)
+    # tuned had left its configuration files before the first run: removed, so they stay.
+    assert result["purged"] == ["python3-dbus"] and result["removed"] == ["tuned"]
+    assert result["kept"] == {"bash": "installed before the first run"}
+    assert ["apt-get", "-y", "-q", "purge", "python3-dbus"] in apt.ran and ["apt-get", "-y", "-q", "remove", "tuned"] in apt.ran
+    assert not [a for a in apt.ran if "wrk" in a], "another role's package is not this role's to purge"
+    assert after["added"] == {"common": ["wrk"]} and not PKG.empty(after)
+
+
+def test_packages_undo_keeps_a_package_that_something_installed_since_needs():
+    depends = "myapp\n  Depends: python3-dbus\n  Depends: libc6\npython3-dbus\n  Depends: python3\n"
+    apt = Apt(["tuned", "python3-dbus", "myapp"], purge_takes=["myapp"], depends=depends)
+    result, after = PKG.undo(RECORD, "cpu_tuning", keep=False, check=False, runner=apt)
+    assert "python3-dbus" in result["kept"] and "myapp" in result["kept"]["python3-dbus"]
+    assert result["removed"] == ["tuned"] and result["purged"] == []
+    assert not [a for a in apt.ran if a[:2] == ["apt-get", "-y"] and "python3-dbus" in a]
+    assert after["added"]["cpu_tuning"] == ["python3-dbus"], "kept for a later undo"
+
+
+def test_packages_undo_check_mode_and_keep_change_nothing():
+    apt = Apt(["tuned", "python3-dbus"])
+    result, _ = PKG.undo(RECORD, "cpu_tuning", keep=False, check=True, runner=apt)
+    assert result["changed"] and result["purged"] == ["python3-dbus"]
+    assert not [a for a in apt.ran if a[0] == "apt-get" and "-s" not in a]
+    apt = Apt(["tuned", "python3-dbus"])
+    result, after = PKG.undo(RECORD, "cpu_tuning", keep=True, check=False, runner=apt)
+    assert result["purged"] == result["removed"] == [] and result["kept"]["tuned"] == "kept on purpose"
+    assert not [a for a in apt.ran if a[0] == "apt-get"] and "cpu_tuning" not in after["added"]
+
+
+def test_packages_undo_deletes_the_users_and_groups_the_packages_made_unless_busy():
+    passwd, group = "prometheus:x:105:110::/var/lib/prometheus:/usr/sbin/nologin\n", "prometheus:x:110:\n"
+    apt = Apt([], passwd=passwd, group=group)
+    result, after = PKG.undo(RECORD, "monitoring", keep=False, check=False, runner=apt)
+    assert result["users"] == ["prometheus"] and ["userdel", "prometheus"] in apt.ran
+    assert PKG.forget(RECORD, "monitoring") == after and "monitoring" not in after["users_added"]
+    apt = Apt([], passwd=passwd, group=group, busy=["prometheus"])
+    result, _ = PKG.undo(RECORD, "monitoring", keep=False, check=False, runner=apt)
+    assert result["users"] == [] and "4242" in result["kept"]["user prometheus"]
+    assert result["kept"]["group prometheus"] and not [a for a in apt.ran if a[0] in ("userdel", "groupdel")]
+
+
+def test_packages_undo_of_a_role_without_entries_reads_nothing_and_the_last_one_empties_the_record():
+    apt = Apt([])
+    result, after = PKG.undo(RECORD, "hugepages", keep=False, check=False, runner=apt)
+    assert result["changed"] is False and after is RECORD and apt.ran == []
+    assert PKG.empty(PKG.forget(PKG.forget(PKG.forget(RECORD, "cpu_tuning"), "common"), "monitoring"))
+
+
+def test_packages_undo_parses_apt_and_dpkg():
+    assert PKG.simulated_removals("Remv a [1]\nPurg b [2]\nInst c\n") == {"a", "b"}
+    assert PKG.hard_dependencies("x\n  Depends: <y>\n  Recommends: z\n |PreDepends: w:any\n") == {"x", "y", "w"}
+    assert PKG.dpkg_states(["installed a", "config-files b", ""]) == {"a": "installed", "b": "config-files"}
+    assert PKG.split_config_files(RECORD, ["wrk", "tuned"]) == (["wrk"], ["tuned"])
+
+
+def test_packages_undo_without_a_record_does_nothing(tmp_path, capsys):
+    assert PKG.main([str(tmp_path / "packages.json"), "common"]) == 0
+    assert json.loads(capsys.readouterr().out)["changed"] is False
+    assert PKG.main([str(tmp_path / "packages.json")]) == 2
