@@ -23,7 +23,7 @@ from .reboot import RebootDecision, decide
 from .result import Result, first_failure
 from .runs import ProgressCallback, RunResult
 from .smoke import SmokeRun
-from .verify import VerifyResult, roles_for_tags
+from .verify import APPLIED_OPTIONS_VAR, VerifyResult, applied_options, roles_for_tags
 from .verify import verify as run_checks
 
 HARDWARE_FACT = "provisioner_hardware"
@@ -119,6 +119,11 @@ def up(
     rolling = engine.parse_batch(batch) if batch is not None else None
     threshold = engine.parse_max_fail(max_fail) if max_fail is not None else None
     inv = engine.resolve_inventory(inventory)
+    # What the run applies, recorded on each host for verify, smoke and undo: the -e options of
+    # the plan, of every role the tags select and of the smoke test when it ends the run.
+    smokes = smoke_after and not tags and not skip_tags
+    applied = ("plan", *roles_for_tags(tags, skip_tags), *(("smoke",) if smokes else ()))
+    recorded = {APPLIED_OPTIONS_VAR: applied_options(extravars, applied)}
     run = engine.run_playbook(
         "site.yml",
         inv,
@@ -128,7 +133,7 @@ def up(
         tags=tags,
         skip_tags=skip_tags,
         check=check,
-        extravars=extravars,
+        extravars={**(extravars or {}), **recorded},
         verbosity=verbosity,
         accept_new_host_keys=accept_new_host_keys,
         on_progress=on_progress,
@@ -314,14 +319,21 @@ def status(inventory: Path | None, **run_options: Any) -> Result[StatusRun]:
 
 
 def repair_messages(hosts: Iterable[HostStatus]) -> tuple[str, ...]:
-    """For each host that drifted: how many settings, and the run that puts them back."""
+    """For each host that drifted: how many settings, and the run that puts them back; a
+    setting whose value a file of someone else's sets (the script's "repair") is named with
+    that file instead, since `provisioner up` rewrites only its own files."""
     out = []
     for h in hosts:
-        if h.drifted:
-            roles = ",".join(sorted({str(s.get("role")) for s in h.drifted}))
+        if not h.drifted:
+            continue
+        foreign = [s for s in h.drifted if s.get("repair")]
+        ours = [s for s in h.drifted if not s.get("repair")]
+        if ours:
+            roles = ",".join(sorted({str(s.get("role")) for s in ours}))
             out.append(
-                f"{h.host}: {len(h.drifted)} setting(s) drifted; repair with: provisioner up --limit {h.host} --tags {roles}"
+                f"{h.host}: {len(ours)} setting(s) drifted; repair with: provisioner up --limit {h.host} --tags {roles}"
             )
+        out += [f"{h.host}: {s.get('name')} is {s['repair']}" for s in foreign]
     return tuple(out)
 
 
@@ -369,10 +381,47 @@ def measure(
     return SmokeRun(run, reports, out)
 
 
+def cluster_members(inventory: Path, limit: str | None, extravars: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The hosts `smoke --cluster` runs on: the Ray cluster's members within --limit (role ray's
+    groups, ray_head_group and ray_worker_group as -e gives them, else ray_head and ray_workers),
+    and the hosts it leaves out, in neither group. Refused when no member is the head."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    manager = InventoryManager(loader=DataLoader(), sources=[str(inventory)])
+    if limit:
+        manager.subset(limit)
+    reached = [h.name for h in manager.get_hosts("all")]
+    head_group = str(extravars.get("ray_head_group") or "ray_head")
+    worker_group = str(extravars.get("ray_worker_group") or "ray_workers")
+
+    def group(name: str) -> set[str]:
+        found = manager.groups.get(name)
+        return {h.name for h in found.get_hosts()} if found else set()
+
+    heads, workers = group(head_group), group(worker_group)
+    if reached and not heads & set(reached):
+        raise BadInput(
+            f"smoke --cluster measures the Ray cluster from its head: no host of group {head_group} is in the run"
+            f"{' (--limit ' + limit + ')' if limit else ''}; put the head (role ray) in the inventory or the limit"
+        )
+    members = [h for h in reached if h in heads | workers]
+    return members, [h for h in reached if h not in members]
+
+
 def smoke(inventory: Path | None, **kwargs: Any) -> Result[SmokeRun]:
     """Measure the ML workloads on each host against the hardware's limits (see `measure`),
-    then publish the tuned figures as metrics (see `publish_metrics`)."""
+    then publish the tuned figures as metrics (see `publish_metrics`). With --cluster, on the
+    Ray cluster's members only (see `cluster_members`), saying which hosts were left out."""
     inv = engine.resolve_inventory(inventory)
+    left_out: tuple[str, ...] = ()
+    extravars = kwargs.get("extravars") or {}
+    if extravars.get("smoke_cluster") and not kwargs.get("config_only"):
+        members, others = cluster_members(inv, kwargs.get("limit"), extravars)
+        if others:
+            kwargs["limit"] = ",".join(members)
+            groups = f"{extravars.get('ray_head_group') or 'ray_head'} nor {extravars.get('ray_worker_group') or 'ray_workers'}"
+            left_out = (f"smoke --cluster left out {', '.join(others)}: in neither {groups}, not a member of the Ray cluster",)
     result = measure(inv, **kwargs)
     # The configuration checks alone have no figures: the metrics of the last measured run stay.
     published, notes = (
@@ -380,7 +429,7 @@ def smoke(inventory: Path | None, **kwargs: Any) -> Result[SmokeRun]:
         if kwargs.get("config_only")
         else publish_metrics(inv, result.reports, accept_new_host_keys=kwargs.get("accept_new_host_keys", False))
     )
-    messages = ((f"report: {result.html}",) if result.html else ()) + notes
+    messages = left_out + ((f"report: {result.html}",) if result.html else ()) + notes
     errors = (*result.run.errors, *(published.errors if published else ()))
     code = first_failure((result.exit_code, published.exit_code if published else None))
     return Result("smoke", result, code, messages, errors)

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from . import engine, paths
+from . import engine, options, paths
 from .errors import ExitCode
 
 CHECKS = Path(__file__).resolve().parent / "checks"
@@ -158,6 +158,25 @@ def roles_for_tags(
     return tuple(r for r in roles if not tagged(r, skip_tags))
 
 
+# The extra variable `provisioner up` hands site.yml: the -e options of each role the run applies,
+# which role common's options.yml keeps on the host (checks.OPTIONS_FILE) for the verbs after it.
+APPLIED_OPTIONS_VAR = "provisioner_applied_options"
+
+
+def applied_options(extravars: dict[str, Any] | None, roles: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The -e options of each of ROLES (the roles a run applies), by the role that documents them;
+    a role given none gets {} (it ran with its defaults and the inventory's values, which replace
+    what an earlier run recorded for it). An option of a role the run does not apply is left out:
+    that role never saw it."""
+    owner = options.known_options()
+    out: dict[str, dict[str, Any]] = {role: {} for role in roles}
+    for key, value in (extravars or {}).items():
+        role = owner.get(key)
+        if role in out:
+            out[role][key] = value
+    return out
+
+
 def hostspecs(limit: str | None) -> str:
     """testinfra's --hosts for an Ansible limit: it splits its value at commas into host specs, so
     each part of a limit like `a,b` (or `a:b`, Ansible's other list separator) gets its own
@@ -174,7 +193,8 @@ def verify(
     extravars: dict[str, Any] | None = None,
 ) -> VerifyResult:
     """Run the checks of the given roles (default: those site.yml applies) on every host of the
-    inventory; `extravars` are the run's -e options, which the checks read over the inventory's."""
+    inventory; `extravars` are the run's -e options, which the checks read over the inventory's
+    and over the options the host's last runs recorded (a standalone verify: those alone)."""
     import pytest
 
     from . import checks
@@ -198,9 +218,11 @@ def verify(
     sink = io.StringIO()
     checks.EXTRA_VARS.clear()
     checks.EXTRA_VARS.update(extravars or {})
+    checks.RECORDED.clear()
     try:
         with redirect_stdout(sink), redirect_stderr(sink), engine.shared_ssh_masters():
             pytest.main(args, plugins=[collector])
     finally:
         checks.EXTRA_VARS.clear()
+        checks.RECORDED.clear()
     return VerifyResult(collector.results)

@@ -26,6 +26,12 @@ PLAN_FILE = "/etc/provisioner/plan.json"
 # The run's extra variables (`provisioner up -e KEY=VALUE`), set by provisioner.verify for the
 # checks that follow that run: as in Ansible, they win over the inventory.
 EXTRA_VARS: dict[str, Any] = {}
+# The -e options each role's last `provisioner up` applied, as role common recorded them on the
+# target (root only: an option may carry an index URL's credentials). A standalone verify judges
+# by them, as the run did, without the user repeating them; read once per host (provisioner.verify
+# empties this cache around each run of the checks).
+OPTIONS_FILE = "/etc/provisioner/options.json"
+RECORDED: dict[str, dict[str, Any]] = {}
 
 
 def applied_plan(host: Any) -> dict[str, Any]:
@@ -34,15 +40,31 @@ def applied_plan(host: Any) -> dict[str, Any]:
     return json.loads(f.content_string) if f.exists else {}
 
 
+def recorded_options(host: Any, config_dir: str | None = None) -> dict[str, Any]:
+    """The -e options the host's last runs applied ({} before the first, or when a run without the
+    CLI wrote none), every role's in one mapping: each role's as the last run that applied it gave them."""
+    key = host.backend.get_pytest_id() if hasattr(host, "backend") else str(id(host))
+    if key not in RECORDED:
+        path = f"{config_dir.rstrip('/')}/options.json" if config_dir else OPTIONS_FILE
+        with as_root(host):
+            f = host.file(path)
+            text = f.content_string if f.exists else ""
+        roles = (json.loads(text) if text.strip() else {}).get("roles") or {}
+        RECORDED[key] = {k: v for options in roles.values() for k, v in (options or {}).items()}
+    return RECORDED[key]
+
+
 def role_vars(host: Any, role: str) -> dict[str, Any]:
-    """The role's options for this host: defaults, inventory overrides, the run's extra
-    variables, plan-derived values."""
+    """The role's options for this host: defaults, inventory overrides, the options the last runs
+    recorded, the run's extra variables, plan-derived values."""
     defaults = yaml.safe_load((paths.ROLES / role / "defaults" / "main.yml").read_text()) or {}
     try:
         inventory = host.ansible.get_variables()
     except Exception:  # not an ansible:// host: defaults only
         inventory = {}
-    inventory = {**inventory, **EXTRA_VARS}
+    config_dir = inventory.get("common_config_dir")
+    recorded = recorded_options(host, config_dir if isinstance(config_dir, str) and "{{" not in config_dir else None)
+    inventory = {**inventory, **recorded, **EXTRA_VARS}
     prefix = f"{role}_"
     merged = {**defaults, **{k: v for k, v in inventory.items() if k.startswith(prefix)}}
     if any(isinstance(v, str) and "{{" in v for v in merged.values()):
