@@ -253,7 +253,9 @@ def verify(
     roles = roles_for_tags(tags, skip_tags)
     if (tags or skip_tags) and not roles:
         raise BadInput("--tags/--skip-tags leave no role to check: name a role (e.g. --tags storage) or drop them")
-    result = run_checks(engine.resolve_inventory(inventory), limit=limit, roles=roles)
+    inv = engine.resolve_inventory(inventory)
+    engine.check_limit(inv, limit)  # here, not as "no checks ran" after reaching the hosts
+    result = run_checks(inv, limit=limit, roles=roles)
     if not result.checks:
         return Result("verify", result, ExitCode.BAD_INPUT, errors=("no checks ran: is the inventory's host pattern right?",))
     return Result("verify", result, result.exit_code)

@@ -68,4 +68,24 @@ def parse_extra_vars(pairs: list[str]) -> dict[str, Any]:
     specs = option_specs() if out else {}
     for key, value in out.items():
         check_choices(key, value, specs.get(key, {}))
+        check_type(key, value, specs.get(key, {}), known[key])
     return out
+
+
+def check_type(key: str, value: Any, spec: dict[str, Any], role: str) -> None:
+    """Refuse, on the control node, a value of the wrong type, as the role's argument spec check
+    on the host would after connecting (the same Ansible validator: what passes here may still
+    be refused there for what only the host knows, never the other way round)."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    wanted = {k: v for k, v in spec.items() if k in ("type", "elements")}
+    if not wanted or value is None:
+        return
+    errors = ArgumentSpecValidator({key: wanted}).validate({key: value}).error_messages
+    if errors:
+        why = str(errors[0]).split(": ", 1)[-1]
+        raise BadInput(
+            f"-e {key}: {value!r} is not a valid {spec.get('type')}"
+            + (f" of {spec['elements']}" if spec.get("elements") else "")
+            + f" ({why}); see roles/{role}/meta/argument_specs.yml"
+        )

@@ -158,6 +158,12 @@ def test_a_limit_that_matches_no_host_is_refused_before_any_run(tmp_path: Path, 
     assert not (tmp_path / "state" / "runs").exists(), "no playbook may start"
 
 
+def test_verify_refuses_such_a_limit_the_same_way(tmp_path: Path):
+    result = invoke("verify", "-i", str(fleet_inventory(tmp_path)), "--limit", "nosuchhost")
+    assert result.exit_code == ExitCode.BAD_INPUT, result.output
+    assert result.stderr.startswith("error: --limit nosuchhost: nosuchhost matches no host of "), result.stderr
+
+
 def test_a_limit_that_matches_is_left_to_ansible(tmp_path: Path):
     inv = fleet_inventory(tmp_path)
     for limit in ("web1", "web", "web*", "all:!web2", "web:!nosuchhost"):
@@ -172,3 +178,17 @@ def test_the_connect_timeout_is_a_whole_number_of_seconds_from_one(monkeypatch):
     monkeypatch.setattr(engine, "_connect_timeout", engine.DEFAULT_CONNECT_TIMEOUT)
     engine.set_connect_timeout(4)
     assert engine.connect_timeout() == 4
+
+
+def test_an_option_of_the_wrong_type_is_refused_before_any_run(tmp_path: Path, monkeypatch):
+    """The roles' argument specs would refuse it on each host after connecting: the same check here first."""
+    with pytest.raises(
+        BadInput, match=r"^-e plan_trials: 'many' is not a valid int \(.*\); see roles/plan/meta/argument_specs.yml$"
+    ):
+        options.parse_extra_vars(["plan_trials=many"])
+    assert options.parse_extra_vars(["plan_trials=8", "serving_enabled=yes"]) == {"plan_trials": 8, "serving_enabled": True}
+    monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path / "state"))
+    result = invoke("up", "-i", str(fleet_inventory(tmp_path)), "-e", "serving_enabled=maybe")
+    assert result.exit_code == ExitCode.BAD_INPUT
+    assert result.stderr.startswith("error: -e serving_enabled: 'maybe' is not a valid bool"), result.stderr
+    assert not (tmp_path / "state" / "runs").exists(), "no playbook may start"
