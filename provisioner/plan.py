@@ -517,10 +517,23 @@ def plan_dataloader(facts: Mapping[str, Any], options: PlanOptions, warnings: li
     ]
 
 
-def _memory_and_hugepages(facts: Mapping[str, Any], settings: list[Setting], what: str) -> tuple[int, int]:
-    """The host's RAM and the bytes the plan's hugepages settings reserve of it; no memory size
-    in the facts is refused, naming WHAT could not be sized."""
+def _ram(facts: Mapping[str, Any]) -> Any:
+    """The host's RAM as the plan sizes by it: the memory the kernel has online in its memory
+    blocks where it reports them (the same from one boot to the next), else MemTotal. MemTotal
+    moves with what the kernel keeps at boot, which the kernel command line changes (the 1 GiB
+    pages role hugepages puts there among it), and a plan sized by it would differ after the
+    reboot that applies them, so a converged host's first run after it would rewrite the plan."""
     total = _need(facts, "memory.total_bytes")
+    installed = _get(facts, "memory.installed_bytes")
+    if isinstance(total, int) and isinstance(installed, int) and installed >= total > 0:
+        return installed
+    return total
+
+
+def _memory_and_hugepages(facts: Mapping[str, Any], settings: list[Setting], what: str) -> tuple[int, int]:
+    """The host's RAM (_ram) and the bytes the plan's hugepages settings reserve of it; no memory
+    size in the facts is refused, naming WHAT could not be sized."""
+    total = _ram(facts)
     if not isinstance(total, int) or total <= 0:
         raise PlanError(f"hardware facts report no memory size; cannot size {what}")
     page_bytes = {"hugepages_2m": 2 * 1024**2, "hugepages_1g": GIB}
@@ -618,7 +631,7 @@ def plan_hugepages(facts: Mapping[str, Any], options: PlanOptions, warnings: lis
             warnings.append(f"plan_hugepages_size={size} without plan_hugepages_count or _share reserves nothing")
         return [pages_2m, pages_1g]
 
-    total = _need(facts, "memory.total_bytes")
+    total = _ram(facts)
     if not isinstance(total, int) or total <= 0:
         raise PlanError("hardware facts report no memory size; cannot size hugepages")
     page_bytes = 2 * 1024**2 if size == "2M" else GIB

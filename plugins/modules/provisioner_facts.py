@@ -77,12 +77,14 @@ ansible_facts:
           C(l3_instances) and C(l3_total_kb) over all sockets.
         - C(cpu.core_cpus) lists the logical CPUs of each physical core (SMT siblings together), or is
           null when sysfs shows no sibling lists.
+        - C(memory.total_bytes) is MemTotal; C(memory.installed_bytes) the RAM online in the kernel's
+          memory blocks (the same across boots, unlike MemTotal), or null where there are none.
       type: dict
       returned: always
       sample:
         schema: 1
         cpu: {vendor: AuthenticAMD, cores: 16, threads: 32, sockets: 1, numa_nodes: 1}
-        memory: {total_bytes: 202119233536, hugepage_size_kb: 2048, hugepages_1g_supported: true}
+        memory: {total_bytes: 202119233536, installed_bytes: 206158430208, hugepage_size_kb: 2048, hugepages_1g_supported: true}
 """
 
 import glob
@@ -413,6 +415,24 @@ def parse_meminfo(text):
     return values
 
 
+def installed_memory(root="/"):
+    """The RAM the kernel has online, from its memory blocks (/sys/devices/system/memory: the block
+    size x the online blocks), to the block (128 MiB on x86): what the machine has, the same from
+    one boot to the next. MemTotal is less by what the kernel kept at boot (its code, the crash
+    kernel, boot-time reservations), which moves with the kernel command line. None where the
+    kernel has no memory blocks (no memory hotplug) or reports none online."""
+    base = "/sys/devices/system/memory"
+    try:
+        block = int(read_line(root, base + "/block_size_bytes", "") or "", 16)
+    except ValueError:
+        return None
+    online = sum(
+        1 for state in glob.glob(path_in(root, base + "/memory*/state"))
+        if read_line("/", state, "") == "online"
+    )
+    return block * online or None
+
+
 def gather_memory(root="/", flags=(), warnings=None):
     warnings = warnings if warnings is not None else []
     meminfo = parse_meminfo(read_text(root, "/proc/meminfo", ""))
@@ -434,6 +454,7 @@ def gather_memory(root="/", flags=(), warnings=None):
     hugepage_size_kb = (meminfo.get("Hugepagesize") or 2048 * 1024) // 1024
     return {
         "total_bytes": total,
+        "installed_bytes": installed_memory(root),
         "available_bytes": meminfo.get("MemAvailable"),
         "swap_total_bytes": meminfo.get("SwapTotal"),
         "hugepage_size_kb": hugepage_size_kb,

@@ -619,3 +619,20 @@ def test_probe_signatures_without_blkid(monkeypatch):
 
 def test_fake_tree_is_never_probed(fake_root):
     assert {d["signature_probe"] for d in pf.gather(str(fake_root))["block_devices"]} == {"skipped"}
+
+
+def test_installed_memory_is_the_kernels_online_memory_blocks(tmp_path):
+    """The RAM the kernel has online, block by block: the same after a boot that reserved 1 GiB
+    pages (MemTotal is not); offline blocks do not count; no memory blocks, no figure."""
+    root = tmp_path / "host"
+    base = "/sys/devices/system/memory"
+    _write(root, f"{base}/block_size_bytes", "8000000\n")  # 128 MiB, in hex as the kernel writes it
+    for i in range(34):
+        _write(root, f"{base}/memory{i}/state", "online\n" if i < 32 else "offline\n")
+    _write(root, "/proc/meminfo", "MemTotal:        3012345 kB\nHugepagesize:       2048 kB\n")
+    memory = pf.gather_memory(str(root))
+    assert memory["installed_bytes"] == 32 * 128 * 1024**2 == 4 * 1024**3
+    assert memory["total_bytes"] == 3012345 * 1024
+    bare = tmp_path / "bare"
+    _write(bare, "/proc/meminfo", "MemTotal:        3012345 kB\n")
+    assert pf.gather_memory(str(bare))["installed_bytes"] is None

@@ -694,3 +694,23 @@ def test_role_tasks_pass_every_option_to_the_action_plugin():
     assert set(derive["provisioner_plan"]) == set(PlanOptions.known_vars())
     for task in tasks:
         assert "plan" in task["tags"], task["name"]
+
+
+def test_memory_values_follow_the_installed_ram_not_what_a_boot_reserved(vm):
+    """A reboot that reserves 1 GiB pages on the kernel command line changes MemTotal (what the
+    kernel keeps at boot), not the RAM: the plan's memory-derived values stay, so a converged host's
+    first run after that reboot rewrites nothing. Without memory blocks in the facts: MemTotal."""
+    options = PlanOptions(hugepages_size="1G", hugepages_count=1)
+    before = copy.deepcopy(vm)
+    before["memory"].update(total_bytes=15_700 * 1024**2, installed_bytes=16 * 1024**3, hugepages_1g_supported=True)
+    after = copy.deepcopy(before)
+    after["memory"]["total_bytes"] -= 1024**2 + 12 * 4096  # the boot kept a little more
+    memory_keys = ("feature_matrix_rows", "serving_memory_budget_bytes", "ray_object_store_bytes", "ray_memory_bytes")
+    plans = [derive_plan(f, options).to_dict() for f in (before, after)]
+    assert plans[0] == plans[1]
+    assert all(k in plans[0]["values"] for k in memory_keys), sorted(plans[0]["values"])
+    # Sized by MemTotal where the facts have no installed figure: then the two boots differ.
+    for f in (before, after):
+        f["memory"]["installed_bytes"] = None
+    by_memtotal = [derive_plan(f, options).to_dict()["values"] for f in (before, after)]
+    assert by_memtotal[0]["feature_matrix_rows"] != by_memtotal[1]["feature_matrix_rows"]
