@@ -332,9 +332,7 @@ def repair_messages(hosts: Iterable[HostStatus]) -> tuple[str, ...]:
         ours = [s for s in h.drifted if not s.get("repair")]
         if ours:
             roles = ",".join(sorted({str(s.get("role")) for s in ours}))
-            out.append(
-                f"{h.host}: {len(ours)} setting(s) drifted; repair with: provisioner up --limit {h.host} --tags {roles}"
-            )
+            out.append(f"{h.host}: {len(ours)} setting(s) drifted; repair with: provisioner up --limit {h.host} --tags {roles}")
         out += [f"{h.host}: {s.get('name')} is {s['repair']}" for s in foreign]
     return tuple(out)
 

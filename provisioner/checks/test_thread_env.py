@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from provisioner.checks import applied_plan, as_root, role_vars
-from provisioner.checks.test_cpu_tuning import declared_status, drifted
+from provisioner.checks.test_cpu_tuning import STATUS_SCRIPT, declared_status, drifted
 
 PROFILE = "/etc/profile.d/60-provisioner-threads.sh"
 USER_ENV = "/etc/environment.d/60-provisioner-threads.conf"
@@ -80,6 +80,36 @@ def physical_cores(host) -> int:
     return int(out.strip())
 
 
+def where_set(host, user: str, names: list[str]) -> dict[str, str]:
+    """NAME -> where a login shell of USER gets its value and what repairs it: the status
+    script's own source finder (bash's trace of the login shell), run on the target."""
+    source = STATUS_SCRIPT.read_text()
+    code = (
+        "import json\n"
+        "ns = {'__name__': 'provisioner_status'}\n"
+        f"exec(compile({source!r}, 'provisioner_status.py', 'exec'), ns)\n"
+        "probes = ns['Probes']()\n"
+        f"found = {{n: probes.source({{'probe': 'login_env', 'user': {user!r}, 'var': n}}, None) for n in {names!r}}}\n"
+        "print(json.dumps({n: ns['describe_source'](s, n) if s else None for n, s in found.items()}))\n"
+    )
+    with as_root(host):
+        r = host.run("python3 -c %s", code)
+    if r.rc != 0:
+        return {n: f"where it is set is unknown: {r.stderr.strip()[-200:]}" for n in names}
+    told = json.loads(r.stdout)
+    return {n: told.get(n) or "no file the login shell reads sets it: it came with the session's environment" for n in names}
+
+
+def login_drift(host, user: str, env: dict[str, str], expected: dict[str, str]) -> str:
+    """Each variable of a login shell of USER that is not the expected value, with the file and
+    line that set it and what repairs it ("" when every one holds)."""
+    wrong = sorted(k for k in expected if env.get(k) != expected[k])
+    if not wrong:
+        return ""
+    told = where_set(host, user, wrong)
+    return "; ".join(f"{k}={env.get(k, '(unset)')} in a login shell of {user}, expected {expected[k]}: {told[k]}" for k in wrong)
+
+
 def test_threads_follow_the_plan(host, te):
     plan = applied_plan(host)
     assert plan, "no /etc/provisioner/plan.json: run provisioner up"
@@ -114,18 +144,18 @@ def test_settings_file_for_ml_env(host, te):
 
 def test_login_shell_gets_the_threads(host, expected):
     env = parse_env(host.check_output(f"{CLEAN} HOME=/root bash -lc env"))
-    assert {k: env.get(k) for k in expected} == expected
+    assert {k: env.get(k) for k in expected} == expected, login_drift(host, "root", env, expected)
 
 
 def test_login_shell_of_the_ml_user_gets_the_threads(host, expected, ml_user):
     with as_root(host):
         env = parse_env(host.check_output(f"{CLEAN} runuser -l {ml_user} -c env"))
-    assert {k: env.get(k) for k in expected} == expected
+    assert {k: env.get(k) for k in expected} == expected, login_drift(host, ml_user, env, expected)
 
 
 def test_login_shell_keeps_a_value_the_user_exported(host):
     out = host.check_output(f"{CLEAN} HOME=/root OMP_NUM_THREADS=3 bash -lc 'echo $OMP_NUM_THREADS'")
-    assert out.strip() == "3"
+    assert out.strip() == "3", f"OMP_NUM_THREADS={out.strip()}: {where_set(host, 'root', ['OMP_NUM_THREADS'])['OMP_NUM_THREADS']}"
 
 
 def test_pam_sessions_get_the_threads(host, te, expected, ml_user):
@@ -165,9 +195,18 @@ def test_services_get_the_threads(host, expected):
     with as_root(host):
         manager = parse_env(host.check_output("systemctl show-environment"))
         service = parse_env(host.check_output("systemd-run --quiet --wait --pipe --collect /usr/bin/env"))
-    assert {k: manager.get(k) for k in expected} == expected
-    assert {k: service.get(k) for k in expected} == expected
+    # The status script names the manager's drop-in (or run-time value) behind a wrong one.
+    assert {k: manager.get(k) for k in expected} == expected, service_drift(host)
+    assert {k: service.get(k) for k in expected} == expected, service_drift(host)
     assert not set(PINNING) & set(service), "a service got a pinning variable"
+
+
+def service_drift(host) -> str:
+    return "; ".join(
+        f"{s['name']}: {s['live']}, expected {s['expected']}" + (f": {s['repair']}" if s.get("repair") else "")
+        for s in declared_status(host, "thread_env")
+        if s["state"] == "drifted" and s["probe"] == "service_env"
+    )
 
 
 def settings(text: str) -> str:
@@ -305,6 +344,7 @@ def test_status_finds_no_drift(host, expected, ml_user):
     assert {s["name"] for s in settings} == {f"{v} in a login shell of {ml_user}" for v in expected} | {
         f"{v} in a service" for v in expected
     }
-    assert drifted(settings) == []
+    # A value a file of someone else's sets: the file, the line, and that `provisioner up` cannot repair it.
+    assert drifted(settings) == [], "; ".join(s["repair"] for s in settings if s.get("repair"))
     if systemd_is_pid1(host):
         assert {s["state"] for s in settings} == {"ok"}

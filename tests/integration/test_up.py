@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -228,11 +229,19 @@ def test_smoke_flags_a_regression_and_a_wrong_blas_kernel(provisioned):
     assert rc == ExitCode.HOST_FAILED
 
 
-def test_smoke_refuses_an_unprovisioned_host(fresh_lab_server):
+def test_smoke_and_status_refuse_an_unprovisioned_host(fresh_lab_server):
     server = fresh_lab_server("pv-bare")
     r = cli("smoke", "-i", str(server.inventory))
     assert r.returncode == ExitCode.BAD_INPUT, r.stdout + r.stderr
     assert "no ML environment at /opt/mlstack" in r.stderr and "provisioner up" in r.stderr
+    # status reaches the host and finds nothing to compare: one line with the script's reason
+    # and the run that fixes it (not ssh's "Shared connection to ... closed").
+    r = cli("status", "-i", str(server.inventory))
+    assert r.returncode == ExitCode.BAD_INPUT, r.stdout + r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert "never provisioned: no expected state in /etc/provisioner/expected" in line, line
+    assert "(the host was reached; nothing was changed)" in line, line
+    assert line.endswith(f"provision it first: provisioner up -i {server.inventory} --limit {server.name}"), line
 
 
 def test_verify_catches_a_broken_host(provisioned):
@@ -388,6 +397,12 @@ BREAK = (
 )
 
 
+# A user's own file, read after the role's profile: it sets OMP_NUM_THREADS again (line 2), so
+# the login shell's value is this file's, which `provisioner up` does not own.
+USER_DRIFT_FILE = "/etc/profile.d/zz-drift.sh"
+USER_DRIFT = "# a user's own setting\nexport OMP_NUM_THREADS=64\n"
+
+
 @pytest.fixture(scope="module")
 def drift(provisioned):
     """The converged server's status, then three settings broken by hand: status, the timer's
@@ -396,7 +411,9 @@ def drift(provisioned):
     server = provisioned["server"]
     inv = str(server.inventory)
     out = {"clean": timed_status(server)}
-    assert ssh(server, BREAK).returncode == 0, "the three settings were not broken"
+    assert ssh(server, BREAK + f" && printf {shlex.quote(USER_DRIFT)} > {USER_DRIFT_FILE}").returncode == 0, (
+        "the three settings were not broken"
+    )
     try:
         out["drifted"] = timed_status(server)
         # The table as a pipe gets it (a test runner's own COLUMNS would narrow it).
@@ -405,7 +422,9 @@ def drift(provisioned):
         )
         started = ssh(server, "systemctl start provisioner-status.service")
         out["timer"] = (started, textfile_samples(server, "provisioner_status.prom"))
+        out["verify"] = cli_json("verify", "-i", inv, "--tags", "thread_env")
     finally:
+        ssh(server, f"rm -f {USER_DRIFT_FILE}")  # not provisioner's: up would not remove it
         out["repair"] = cli_json("up", "-i", inv, "--tags", "cpu_tuning,thread_env", *provisioned["offline"])
     out["repaired"] = timed_status(server)
     return out
@@ -455,6 +474,28 @@ def test_status_names_each_drifted_setting_with_both_values(provisioned, drift):
     assert f" {threads} " in row and " 64 " in row and "drifted" in row, row
     # The doctor sees the login shell's 64 threads too: mlstack is named with the two roles.
     assert f"repair with: provisioner up --limit {host} --tags cpu_tuning,mlstack,thread_env" in text.stdout
+
+
+def test_status_and_verify_name_the_users_file_that_sets_a_drifted_value(provisioned, drift):
+    """OMP_NUM_THREADS comes from a user's /etc/profile.d/zz-drift.sh (line 2), after the role's
+    own broken file: status names that file and says `provisioner up` cannot repair it; the other
+    variables come from the role's file, which a run writes again. verify names it too."""
+    host = provisioned["server"].name
+    _, out, _ = drift["drifted"]
+    settings = by_name(out, host)
+    omp = settings["OMP_NUM_THREADS in a login shell of ml"]
+    assert omp["source"] == {"file": USER_DRIFT_FILE, "line": 2, "managed_by_provisioner": False}, omp
+    hint = f"set by {USER_DRIFT_FILE} line 2, not by provisioner: remove or change that line; `provisioner up` cannot repair it"
+    assert omp["repair"] == hint
+    mkl = settings["MKL_NUM_THREADS in a login shell of ml"]
+    assert mkl["source"]["file"] == PROFILE_FILE and mkl["source"]["managed_by_provisioner"] is True and "repair" not in mkl
+    text = drift["drifted_text"].stdout
+    assert f"{host}: OMP_NUM_THREADS in a login shell of ml is {hint}" in text
+    rc, verify = drift["verify"]
+    assert rc == ExitCode.HOST_FAILED, verify
+    failed = {c["check"]: c["message"] for c in verify["hosts"][host] if c["outcome"] == "failed"}
+    message = failed.get("test_login_shell_of_the_ml_user_gets_the_threads", failed)
+    assert f"OMP_NUM_THREADS=64 in a login shell of ml, expected {omp['expected']}: {hint}" in str(message), failed
     assert settings["ML stack doctor"]["state"] == "drifted" and "OMP_NUM_THREADS=64" in settings["ML stack doctor"]["reason"]
 
 

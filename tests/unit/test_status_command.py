@@ -75,6 +75,31 @@ def test_drift_is_exit_1_with_drifted_settings_first(fake_engine):
     )
 
 
+FOREIGN = dict(
+    SETTINGS[3],
+    source={"file": "/etc/profile.d/zz-drift.sh", "line": 1, "managed_by_provisioner": False},
+    repair="set by /etc/profile.d/zz-drift.sh line 1, not by provisioner: remove or change that line; "
+    "`provisioner up` cannot repair it",
+)
+
+
+def test_a_value_set_by_a_file_provisioner_does_not_own_is_named_not_sent_to_up(fake_engine):
+    """The status script found the file that sets the drifted value: `provisioner up` would not
+    change it (a user's /etc/profile.d/zz-drift.sh), so the note names the file and the line,
+    and the run it proposes repairs only what it can."""
+    settings = [SETTINGS[0], SETTINGS[1], FOREIGN]
+    result = commands.status(fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json(settings)}})))
+    assert result.exit_code == ExitCode.HOST_FAILED
+    assert result.messages == (
+        "web1: 1 setting(s) drifted; repair with: provisioner up --limit web1 --tags cpu_tuning",
+        "web1: OMP_NUM_THREADS in a login shell of ml is set by /etc/profile.d/zz-drift.sh line 1, not by provisioner: "
+        "remove or change that line; `provisioner up` cannot repair it",
+    )
+    only = commands.status(fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json([FOREIGN])}})))
+    assert len(only.messages) == 1 and "repair with" not in only.messages[0] and "zz-drift.sh line 1" in only.messages[0]
+    assert only.data["hosts"]["web1"]["settings"][0]["source"]["file"] == "/etc/profile.d/zz-drift.sh"
+
+
 def test_a_clean_host_is_exit_0(fake_engine):
     clean = [dict(s, state="ok", live=s["expected"]) for s in SETTINGS]
     inv = fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json(clean)}}))
@@ -131,6 +156,17 @@ def test_the_table_names_each_drifted_setting_with_both_values(monkeypatch, fake
     assert "not applicable" in rows[-1] and "no cpufreq driver" in rows[-1]
 
 
+def test_the_table_says_what_repairs_a_value_a_foreign_file_sets(monkeypatch, fake_engine):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()
+    monkeypatch.setattr(render, "console", render.make_console(file=out, width=300))
+    result = commands.status(fake_engine(run_of({"web1": {commands.STATUS_FACT: status_json([FOREIGN])}})))
+    render.status(result.value)
+    text = out.getvalue()
+    assert "OMP_NUM_THREADS" in text and "set by /etc/profile.d/zz-drift.sh line 1, not by provisioner" in text
+    assert "`provisioner up` cannot repair it" in text
+
+
 # ---------------------------------------------------------------- the playbook, for real
 
 
@@ -141,8 +177,12 @@ def test_status_playbook_is_one_read_only_task_per_host():
     plays = yaml.safe_load(book.read_text())
     assert all(p["gather_facts"] is False for p in plays), "status is fast: no fact gathering"
     modules = [[next(k for k in t if k.startswith("ansible.builtin.")) for t in p["tasks"]] for p in plays]
-    # One task reaches the host; the rest runs on the control node.
-    assert modules == [["ansible.builtin.script"], ["ansible.builtin.assert", "ansible.builtin.set_fact"]]
+    # One task reaches the host (the refusal is a fail task: it runs on the control node); the
+    # rest runs on the control node.
+    assert modules == [
+        ["ansible.builtin.script", "ansible.builtin.fail"],
+        ["ansible.builtin.assert", "ansible.builtin.set_fact"],
+    ]
     script = plays[0]["tasks"][0]
     assert script["changed_when"] is False and script["check_mode"] is False
     # The script the playbook ships is the one role shared carries (and role monitoring installs).
@@ -214,11 +254,38 @@ def real_script(tmp_path: Path, expected: dict | None) -> dict:
 
 
 def test_the_real_script_refuses_a_host_never_provisioned(local, monkeypatch, tmp_path):
+    """One line with the script's own reason and the run that fixes it (over SSH the script's
+    stderr is lost to the terminal Ansible opens: the reason travels on stdout)."""
     inv, _ = local
     result = status_via_playbook(inv, real_script(tmp_path, None), monkeypatch)
     assert result.exit_code == ExitCode.BAD_INPUT, result.errors
-    assert f"cannot read the expected state in {tmp_path / 'real-expected'}" in result.errors[0]
-    assert "provisioner up" in result.errors[0]
+    assert result.value.run.hosts["box"].refused == 1 and result.value.hosts == {}
+    assert result.errors == (
+        f"box: Refuse a host with nothing to compare: never provisioned: no expected state in "
+        f"{tmp_path / 'real-expected'} (the host was reached; nothing was changed); provision it first: "
+        f"provisioner up -i {inv} --limit box",
+    )
+
+
+def test_the_real_script_refuses_an_unreadable_declaration_naming_it(local, monkeypatch, tmp_path):
+    inv, _ = local
+    extravars = real_script(tmp_path, {"schema": 1, "role": "cpu_tuning", "checks": []})
+    (tmp_path / "real-expected" / "cpu_tuning.json").write_text("{not json")
+    result = status_via_playbook(inv, extravars, monkeypatch)
+    assert result.exit_code == ExitCode.BAD_INPUT, result.errors
+    (error,) = result.errors
+    assert f"cannot read {tmp_path / 'real-expected' / 'cpu_tuning.json'}: " in error
+    assert error.endswith(f"(the host was reached; nothing was changed); write it again: provisioner up -i {inv} --limit box")
+
+
+@pytest.mark.parametrize("rc", [2])
+def test_playbook_reports_a_script_that_failed_without_its_json(local, monkeypatch, rc):
+    """An end the script did not choose (argparse's usage error, no python3) is a failure on
+    the host, named with the last line it wrote, not a refusal."""
+    inv, with_script = local
+    result = status_via_playbook(inv, with_script("", rc, "usage: provisioner-status [-h]\nerror: no\n"), monkeypatch)
+    assert result.exit_code == ExitCode.HOST_FAILED and result.value.run.hosts["box"].refused == 0
+    assert f"the status script stopped without a result (exit {rc}): error: no" in result.errors[0]
 
 
 def test_the_real_script_names_a_drifted_setting_with_both_values(local, monkeypatch, tmp_path):

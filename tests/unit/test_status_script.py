@@ -6,6 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -452,3 +455,186 @@ def test_unit_probe_reads_active_and_enabled(tmp_path, monkeypatch):
     )
     answers["is-active"] = "active\n"
     assert status.Probes(str(tmp_path)).measure(check) == ("active enabled", "ok", "")
+
+
+# ---------------------------------------------------------------- where a drifted variable is set (real bash)
+
+NAMES = ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "BLIS_NUM_THREADS",
+         "VECLIB_MAXIMUM_THREADS", "POLARS_MAX_THREADS"]
+# What role thread_env writes (its template's first line and one `:=` line per variable).
+OURS = "# Managed by provisioner (role thread_env): thread settings from the tuning plan for login shells.\n" + "".join(
+    f': "${{{n}:=2}}"; export {n}\n' for n in NAMES
+)
+
+
+def login_home(base: Path) -> Path:
+    """A home whose ~/.bash_profile reads its own profile.d as /etc/profile reads the system's:
+    00-lib.sh (a function), 60-provisioner-threads.sh (ours), 70-same.sh, zz-drift.sh."""
+    home = base / "home"
+    write(home, ".bash_profile", 'for f in "$HOME"/profile.d/*.sh; do . "$f"; done\n')
+    write(home, "profile.d/00-lib.sh", "# helpers\nthreads() {\n  export BLIS_NUM_THREADS=$1\n}\n")
+    write(home, "profile.d/60-provisioner-threads.sh", OURS)
+    write(home, "profile.d/70-same.sh", "export OPENBLAS_NUM_THREADS=64\n")
+    write(home, "profile.d/zz-drift.sh", "\n".join([
+        "# a user's own settings",
+        "export OMP_NUM_THREADS=64",
+        "OPENBLAS_NUM_THREADS=64",                      # 4: the same value again: the last assignment wins
+        "(export NUMEXPR_NUM_THREADS=9)",               # 5: a subshell's assignment does not last
+        "x=$(MKL_NUM_THREADS=5; echo $MKL_NUM_THREADS)",  # 6: nor a command substitution's
+        "MKL_NUM_THREADS=7 true",                       # 7: nor an assignment for one command
+        "threads 3",                                    # 8: the function's line in 00-lib.sh sets it
+        "unset VECLIB_MAXIMUM_THREADS",                 # 9
+        "",
+    ]))
+    for p in home.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    home.chmod(0o755)
+    return home
+
+
+def rel(found, home: Path):
+    return {n: (os.path.relpath(v[0], home), v[1]) if v else None for n, v in found.items()}
+
+
+WANT = {
+    "OMP_NUM_THREADS": ("profile.d/zz-drift.sh", 2),
+    "OPENBLAS_NUM_THREADS": ("profile.d/zz-drift.sh", 3),
+    "NUMEXPR_NUM_THREADS": ("profile.d/60-provisioner-threads.sh", 5),  # ours: the `:=` changed nothing visible but the value
+    "MKL_NUM_THREADS": ("profile.d/60-provisioner-threads.sh", 3),
+    "BLIS_NUM_THREADS": ("profile.d/00-lib.sh", 3),
+    "VECLIB_MAXIMUM_THREADS": ("profile.d/zz-drift.sh", 8),
+    "POLARS_MAX_THREADS": None,  # in the environment before the profile ran: no file of the shell set it
+}
+
+
+def test_the_trace_names_the_last_file_and_line_that_set_each_variable_in_roots_login(tmp_path):
+    """root's login (bash takes no PS4 from the environment as root): the emulated login order,
+    run for real."""
+    home = login_home(tmp_path)
+    argv, env = status.login_trace("root", NAMES, 0, str(home))
+    assert argv[:3] == ["/bin/bash", "--noprofile", "--norc"] and env["HOME"] == str(home)
+    r = subprocess.run(argv, env={**env, "POLARS_MAX_THREADS": "7"}, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert rel(status.parse_trace(r.stderr, NAMES), home) == WANT
+
+
+@pytest.fixture
+def open_dir():
+    """A directory another user can read (pytest's tmp_path is root's own)."""
+    path = Path(tempfile.mkdtemp(prefix="status-login-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_trace_of_a_real_login_shell_of_another_user(open_dir):
+    """Another user's login shell takes PS4 and SHELLOPTS=xtrace from the environment (runuser -w
+    lets them through), so the trace starts before /etc/profile: bash -l, run as nobody here."""
+    home = login_home(open_dir)
+    argv, env = status.login_trace("ml", NAMES, 1000, "/home/ml")
+    assert argv == ["runuser", "-l", "ml", "-s", "/bin/bash", "-w", "PS4,SHELLOPTS", "-c", "true"]
+    assert env["SHELLOPTS"] == "xtrace" and env["PS4"] == status.trace_ps4(NAMES)
+    as_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"] if os.geteuid() == 0 else []
+    login = {"PATH": env["PATH"], "HOME": str(home), "PS4": env["PS4"], "SHELLOPTS": "xtrace", "POLARS_MAX_THREADS": "7"}
+    r = subprocess.run([*as_user, "/bin/bash", "-l", "-c", "true"], env=login, capture_output=True, text=True, timeout=60,
+                       check=False, cwd=home)
+    assert r.returncode == 0, r.stderr
+    found = status.parse_trace(r.stderr, NAMES)
+    assert rel(found, home) == WANT
+    assert found["OMP_NUM_THREADS"][2] in ("export OMP_NUM_THREADS=64", "OMP_NUM_THREADS=64")
+
+
+def test_no_trace_is_no_answer():
+    assert status.parse_trace("+ export OMP_NUM_THREADS=64\nsome output\n", ["OMP_NUM_THREADS"]) == {}
+
+
+@pytest.mark.parametrize(("command", "sets"), [
+    ("OMP_NUM_THREADS=64", True), ("export OMP_NUM_THREADS=64", True), ("declare -x OMP_NUM_THREADS=1", True),
+    ("A=1 OMP_NUM_THREADS=2", True), ("unset OMP_NUM_THREADS", True), ("unset -v A OMP_NUM_THREADS", True),
+    ("OMP_NUM_THREADS=1 python x.py", False), ("export OMP_NUM_THREADS", False), ("echo OMP_NUM_THREADS=1", False),
+    ("export OMP_NUM_THREADS_X=1", False), ("'unbalanced", False),
+])
+def test_which_traced_commands_set_a_variable(command, sets):
+    assert status.assigns(command, "OMP_NUM_THREADS") is sets
+
+
+def test_managed_by_provisioner_by_header_or_block():
+    assert status.managed_by_provisioner(OURS, 3)
+    pam = "# site\nOMP_NUM_THREADS DEFAULT=64\n# BEGIN provisioner thread_env\nOMP_NUM_THREADS DEFAULT=2\n# END provisioner thread_env\n"
+    assert status.managed_by_provisioner(pam, 4) and not status.managed_by_provisioner(pam, 2)
+    assert not status.managed_by_provisioner("export OMP_NUM_THREADS=64\n", 1)
+
+
+def manager_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    write(root, "/etc/systemd/system.conf", "[Manager]\n#DefaultEnvironment=\n")
+    write(root, "/etc/systemd/system.conf.d/60-provisioner-threads.conf",
+          "# Managed by provisioner (role thread_env)\n[Manager]\nDefaultEnvironment=\"OMP_NUM_THREADS=2\" \"MKL_NUM_THREADS=2\"\n")
+    write(root, "/etc/systemd/system.conf.d/zz-mine.conf", "[Manager]\n# mine\nDefaultEnvironment=OMP_NUM_THREADS=64 X=1\n")
+    write(root, "/usr/lib/systemd/system.conf.d/zz-mine.conf", "[Manager]\nDefaultEnvironment=OMP_NUM_THREADS=9\n")  # hidden
+    write(root, "/usr/lib/systemd/system.conf.d/90-vendor.conf", "[Manager]\nDefaultEnvironment=MKL_NUM_THREADS=5\n")
+    (root / "etc/systemd/system.conf.d/90-vendor.conf").symlink_to("/dev/null")  # masked
+    write(root, "/run/systemd/system.conf.d/95-other.conf", "[Service]\nDefaultEnvironment=MKL_NUM_THREADS=6\n")  # not [Manager]
+    return root
+
+
+def test_a_services_variable_is_traced_to_the_manager_drop_in_that_sets_it(tmp_path):
+    root = manager_root(tmp_path)
+    files = status.manager_conf_files(str(root))
+    assert files == ["/etc/systemd/system.conf", "/etc/systemd/system.conf.d/60-provisioner-threads.conf",
+                     "/run/systemd/system.conf.d/95-other.conf", "/etc/systemd/system.conf.d/zz-mine.conf"]
+    assert status.default_environment("OMP_NUM_THREADS", files, str(root)) == (
+        "64", "/etc/systemd/system.conf.d/zz-mine.conf", 3)
+    assert status.default_environment("MKL_NUM_THREADS", files, str(root))[1:] == (
+        "/etc/systemd/system.conf.d/60-provisioner-threads.conf", 3)
+    probes = status.Probes(str(root))
+    check = {"probe": "service_env", "var": "OMP_NUM_THREADS"}
+    assert probes.source(check, "64") == {"file": "/etc/systemd/system.conf.d/zz-mine.conf", "line": 3,
+                                          "managed_by_provisioner": False}
+    # A value no file gives: set at run time (systemctl set-environment).
+    assert probes.source(check, "12")["how"] == "systemctl set-environment"
+    assert probes.source({"probe": "service_env", "var": "MKL_NUM_THREADS"}, "2")["managed_by_provisioner"] is True
+    # Unset and no file sets it: the role's drop-in is gone, a run writes it again.
+    assert probes.source({"probe": "service_env", "var": "BLIS_NUM_THREADS"}, "(unset)") is None
+    write(root, "/etc/systemd/system.conf.d/zz-reset.conf", "[Manager]\nDefaultEnvironment=\n")
+    assert status.default_environment("OMP_NUM_THREADS", status.manager_conf_files(str(root)), str(root)) == (None, None, None)
+
+
+def test_status_names_the_file_and_what_repairs_it(tmp_path, capsys, monkeypatch):
+    """main --json and the table with a drifted login variable a user's file sets: the ML user
+    is root here (its login is emulated: runuser needs a real user), the trace runs for real."""
+    home = login_home(tmp_path)
+    real_run = status.run
+
+    def run(argv, timeout=60, env=None):
+        if argv[:2] == ["runuser", "-l"]:  # the login_env probe's `runuser -l ml -c env`
+            return 0, "OMP_NUM_THREADS=64\nMKL_NUM_THREADS=2\nNUMEXPR_NUM_THREADS=3\n", ""
+        return real_run(argv, timeout, env)
+
+    class Entry:
+        pw_uid, pw_dir = 0, str(home)
+
+    monkeypatch.setattr(status, "run", run)
+    monkeypatch.setattr(status.pwd, "getpwnam", lambda user: Entry)
+    checks = [{"name": f"{n} in a login shell of ml", "probe": "login_env", "user": "ml", "var": n, "expected": "2"}
+              for n in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")]
+    d = expected_dir(tmp_path, {"thread_env": {"schema": 1, "role": "thread_env", "checks": checks}})
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    assert status.main(["--expected-dir", str(d), "--json", "--textfile", str(textfile)]) == 1
+    out = {s["name"].split()[0]: s for s in json.loads(capsys.readouterr().out)["settings"]}
+    omp = out["OMP_NUM_THREADS"]
+    drift = str(home / "profile.d/zz-drift.sh")
+    assert omp["state"] == "drifted" and omp["source"] == {"file": drift, "line": 2, "managed_by_provisioner": False}
+    assert omp["repair"] == (f"set by {drift} line 2, not by provisioner: remove or change that line; "
+                             "`provisioner up` cannot repair it")
+    assert out["MKL_NUM_THREADS"]["state"] == "ok" and "source" not in out["MKL_NUM_THREADS"]
+    # Our own file set the wrong value (changed by hand): a run repairs it, so no "repair".
+    ours = out["NUMEXPR_NUM_THREADS"]
+    assert ours["source"]["managed_by_provisioner"] is True and "repair" not in ours
+    # The metrics do not change shape: one 0/1 sample per setting.
+    prom = (textfile / "provisioner_status.prom").read_text()
+    assert 'provisioner_setting_drifted{role="thread_env",setting="OMP_NUM_THREADS in a login shell of ml"} 1.0' in prom
+    assert status.main(["--expected-dir", str(d)]) == 1
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("thread_env  OMP"))
+    assert row.endswith(f"drifted: a login shell of ml has OMP_NUM_THREADS=64; {omp['repair']}")

@@ -15,8 +15,10 @@ applies at boot), thp, login_env, service_env, tuned, governor, epp, hugepages, 
 doctor (mlstack-doctor --json).
 
 Exit status: 0 when nothing drifted, 1 when something did, 2 on bad input (the expected
-directory or a file in it cannot be read). With --textfile DIR it also writes
-DIR/provisioner_status.prom for node_exporter's textfile collector, atomically.
+directory or a file in it cannot be read; a host never provisioned has no expected directory):
+the reason on stderr, or with --json as {"schema", "host", "error", "fix"} on stdout. With
+--textfile DIR it also writes DIR/provisioner_status.prom for node_exporter's textfile
+collector, atomically.
 
 Runs as root with the system Python and the standard library only (prometheus_client is used
 for the textfile when it is importable); shipped by role shared.
@@ -26,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import os
+import pwd
 import re
 import shlex
 import socket
@@ -58,7 +62,12 @@ DOCTOR_TIMEOUT = 300
 
 
 class BadInput(Exception):
-    """An expected file that cannot be read or makes no sense; names the file."""
+    """An expected file that cannot be read or makes no sense; names the file. `fix` says what
+    `provisioner up` does about it (every expected file is written by a run)."""
+
+    def __init__(self, reason: str, fix: str = "write it again") -> None:
+        super().__init__(reason)
+        self.fix = fix
 
 
 # ---------------------------------------------------------------- reading files and commands
@@ -72,11 +81,17 @@ def read(path: str) -> str | None:
         return None
 
 
-def run(argv: list[str], timeout: float = TIMEOUT) -> tuple[int, str, str]:
-    """(returncode, stdout, stderr); 127 with the reason when it could not run."""
+def run(argv: list[str], timeout: float = TIMEOUT, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """(returncode, stdout, stderr); 127 with the reason when it could not run. The command's
+    environment is ENV, else a clean PATH and LANG only."""
     try:
         r = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False, env={"PATH": CLEAN_PATH, "LANG": "C.UTF-8"}
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env if env is not None else {"PATH": CLEAN_PATH, "LANG": "C.UTF-8"},
         )
     except FileNotFoundError:
         return 127, "", f"{argv[0]}: not installed"
@@ -292,6 +307,228 @@ def device_uuid(source: str) -> str | None:
     return out.strip() or None if rc == 0 else None
 
 
+# ---------------------------------------------------------------- where a drifted variable is set
+#
+# A drifted thread variable is not always provisioner's to repair: a file of the user's
+# (/etc/profile.d/zz-mine.sh, ~/.profile, a systemd drop-in) may set it after the role's file.
+# `provisioner up` rewrites only its own files, so the status names the file and the line that
+# set the live value, and says whether a run can repair it.
+
+# The first lines of every file a role writes from a template say so; a block a role keeps in
+# a shared file (pam_env.conf) sits between "# BEGIN provisioner ..." and "# END provisioner ...".
+MANAGED_MARK = "Managed by provisioner"
+# systemd's manager configuration: the main file, then the drop-ins of these directories by
+# file name (a name in an earlier directory hides the same name in a later one).
+SYSTEM_CONF = "/etc/systemd/system.conf"
+SYSTEM_CONF_DIRS = (
+    "/etc/systemd/system.conf.d",
+    "/run/systemd/system.conf.d",
+    "/usr/local/lib/systemd/system.conf.d",
+    "/usr/lib/systemd/system.conf.d",
+)
+# bash's xtrace with a PS4 that prints, before each command, the shell's PID, the PID of the
+# process running it (a subshell's assignments do not last), the file and line, and the value
+# of each variable (${VAR@Q}: quoted on one line, empty when unset).
+TRACE_SEP = "\x1f"
+TRACE_MARK = "provisioner-trace"
+_TRACE_LINE = re.compile(r"^\++" + TRACE_SEP + re.escape(TRACE_MARK) + TRACE_SEP)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\+?=")
+_DECLARE = frozenset({"export", "declare", "typeset", "readonly", "local"})
+Source = dict[str, Any]  # {"file", "line", "managed_by_provisioner"} or {"file": None, "how", ...}
+
+
+def trace_ps4(names: list[str]) -> str:
+    fields = ["${$}", "${BASHPID}", "${BASH_SOURCE-}", "${LINENO}", *(f"${{{n}@Q}}" for n in names)]
+    return "+" + TRACE_SEP + TRACE_MARK + TRACE_SEP + TRACE_SEP.join(fields) + TRACE_SEP
+
+
+def emulated_login(names: list[str]) -> str:
+    """A `bash --noprofile --norc -c` script that reads the files a login shell reads, in its
+    order, traced. For root only: bash takes no PS4 from the environment when it runs as root."""
+    return (
+        f"PS4={shlex.quote(trace_ps4(names))}; set -x; "
+        "if [ -r /etc/profile ]; then . /etc/profile; fi; "
+        'if [ -f "$HOME/.bash_profile" ]; then . "$HOME/.bash_profile"; '
+        'elif [ -f "$HOME/.bash_login" ]; then . "$HOME/.bash_login"; '
+        'elif [ -f "$HOME/.profile" ]; then . "$HOME/.profile"; fi; true'
+    )
+
+
+def login_trace(user: str, names: list[str], uid: int, home: str) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that trace a login shell of USER (the trace on stderr).
+    Another user's: the login shell the login_env probe starts (runuser -l, bash), with PS4 and
+    SHELLOPTS=xtrace let through, so the trace starts before /etc/profile. root's: emulated_login."""
+    base = {"PATH": CLEAN_PATH, "LANG": "C.UTF-8"}
+    if uid != 0:
+        argv = ["runuser", "-l", user, "-s", "/bin/bash", "-w", "PS4,SHELLOPTS", "-c", "true"]
+        return argv, {**base, "PS4": trace_ps4(names), "SHELLOPTS": "xtrace"}
+    env = {**base, "HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash"}
+    return ["/bin/bash", "--noprofile", "--norc", "-c", emulated_login(names)], env
+
+
+def assigns(command: str, name: str) -> bool:
+    """Whether a traced command sets or unsets NAME when it runs (`NAME=v`, `export NAME=v`,
+    `declare -x NAME=v`, `unset NAME`, `read NAME`, `printf -v NAME`). `NAME=v cmd` is traced
+    as a row `NAME=v` of its own (see parse_trace). Assignments that leave no trace in the text
+    (`: ${NAME:=v}`) are found by the value changing instead."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return False
+    if not argv:
+        return False
+    if argv[0] in _DECLARE:
+        return any((m := _ASSIGNMENT.match(w)) is not None and m.group(1) == name for w in argv[1:])
+    if argv[0] in ("unset", "read"):
+        return name in argv[1:]
+    if argv[0] == "printf":
+        return any(a == "-v" and b == name for a, b in itertools.pairwise(argv))
+    matches = [_ASSIGNMENT.match(w) for w in argv]
+    return all(matches) and any(m is not None and m.group(1) == name for m in matches)
+
+
+def _last_setter(rows: list[list[str]], k: int, name: str) -> int | None:
+    """The index of the row that gave the variable its final value (see parse_trace).
+
+    bash prints a command's trace after expanding its words and before running it, with PS4
+    expanded then: a statement `NAME=v` shows the old value on its own row and the new one on
+    the next; `: ${NAME:=v}` shows the new value on its own row (the expansion assigned it);
+    `NAME=v cmd` is traced as a row `NAME=v` already showing v, then the row of cmd, and the
+    old value comes back after it (a temporary assignment, left out here)."""
+    values = [r[4 + k] for r in rows]
+    commands = [r[-1] for r in rows]
+    temporary = [False] * len(rows)
+    i = 1
+    while i < len(rows):
+        if values[i] != values[i - 1] and assigns(commands[i], name) and _ASSIGNMENT.match(commands[i].strip()):
+            before, j = values[i - 1], i
+            while j < len(rows) and values[j] != before:
+                values[j], temporary[j] = before, True
+                j += 1
+            i = j
+        i += 1
+    final = values[-1]
+    changed = None
+    for j in range(len(rows) - 1, 0, -1):
+        if values[j - 1] != final:
+            # the change came between rows j-1 and j: the run of j-1, or the expansion of j
+            changed = j - 1 if assigns(commands[j - 1], name) else j
+            break
+    assigned = None
+    for j in range(len(rows) - 1, -1, -1):
+        if not temporary[j] and assigns(commands[j], name) and (j + 1 == len(rows) or values[j + 1] == final):
+            assigned = j
+            break
+    found = [j for j in (changed, assigned) if j is not None]
+    return max(found) if found else None
+
+
+def parse_trace(text: str, names: list[str]) -> dict[str, tuple[str, int, str] | None]:
+    """NAME -> (file, line, command) of the last command of the login shell itself that gave
+    NAME its final value (set, changed or unset it); None when none did (the value came with
+    the environment the shell started with). {} when TEXT holds no trace at all (not bash)."""
+    rows = []
+    for line in text.splitlines():
+        m = _TRACE_LINE.match(line)
+        if not m:
+            continue
+        parts = line[m.end() :].split(TRACE_SEP, 4 + len(names))
+        if len(parts) == 5 + len(names) and parts[3].isdigit():
+            rows.append(parts)
+    if not rows:
+        return {}
+    shell = rows[-1][0]  # the last command is the login shell's own `true`
+    rows = [r for r in rows if r[0] == shell and r[1] == shell]  # a subshell's assignments do not last
+    found: dict[str, tuple[str, int, str] | None] = {}
+    for k, name in enumerate(names):
+        j = _last_setter(rows, k, name)
+        found[name] = (rows[j][2], int(rows[j][3]), rows[j][-1].strip()) if j is not None and rows[j][2] else None
+    return found
+
+
+def managed_by_provisioner(text: str, line: int) -> bool:
+    """Whether LINE of a file with TEXT is provisioner's: the file says it is managed, or the
+    line is inside a "# BEGIN provisioner" block."""
+    lines = text.splitlines()
+    if any(MANAGED_MARK in head for head in lines[:5]):
+        return True
+    inside = False
+    for n, content in enumerate(lines, 1):
+        if content.startswith("# BEGIN provisioner"):
+            inside = True
+        elif content.startswith("# END provisioner"):
+            inside = False
+        elif n == line:
+            return inside
+    return False
+
+
+def file_source(path: str, line: int, root: str = "/") -> Source:
+    text = read(os.path.join(root, path.lstrip("/"))) or ""
+    return {"file": path, "line": line, "managed_by_provisioner": managed_by_provisioner(text, line)}
+
+
+def manager_conf_files(root: str = "/") -> list[str]:
+    """The systemd manager's configuration files in the order it reads them (a link to
+    /dev/null masks a drop-in)."""
+    files = [SYSTEM_CONF] if os.path.isfile(os.path.join(root, SYSTEM_CONF.lstrip("/"))) else []
+    chosen: dict[str, str] = {}
+    for directory in SYSTEM_CONF_DIRS:
+        try:
+            names = os.listdir(os.path.join(root, directory.lstrip("/")))
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".conf") and name not in chosen:
+                chosen[name] = os.path.join(directory, name)
+    return files + [chosen[n] for n in sorted(chosen) if not _masked(os.path.join(root, chosen[n].lstrip("/")))]
+
+
+def default_environment(var: str, files: list[str], root: str = "/") -> tuple[str | None, str | None, int | None]:
+    """(value, file, line) of the DefaultEnvironment= assignment of VAR that holds after FILES
+    (later assignments win, an empty DefaultEnvironment= clears them); (None, None, None) when none."""
+    value: str | None = None
+    where: tuple[str | None, int | None] = (None, None)
+    for path in files:
+        section = ""
+        for n, raw in enumerate((read(os.path.join(root, path.lstrip("/"))) or "").splitlines(), 1):
+            line = raw.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("["):
+                section = line
+                continue
+            key, sep, assigned = line.partition("=")
+            if section != "[Manager]" or not sep or key.strip() != "DefaultEnvironment":
+                continue
+            if not assigned.strip():
+                value, where = None, (None, None)
+                continue
+            try:
+                items = shlex.split(assigned)
+            except ValueError:
+                continue
+            for item in items:
+                name, eq, v = item.partition("=")
+                if eq and name == var:
+                    value, where = v, (path, n)
+    return value, where[0], where[1]
+
+
+def describe_source(source: Source, var: str) -> str:
+    """Where the value comes from, and what repairs it."""
+    if source.get("file") is None:
+        return (
+            f"set at run time in the systemd manager (systemctl set-environment), not by a file: "
+            f"`systemctl unset-environment {var}` removes it; `provisioner up` cannot repair it"
+        )
+    where = f"set by {source['file']} line {source['line']}"
+    if source["managed_by_provisioner"]:
+        return f"{where}, provisioner's own file, changed since the run wrote it: `provisioner up` writes it again"
+    return f"{where}, not by provisioner: remove or change that line; `provisioner up` cannot repair it"
+
+
 # ---------------------------------------------------------------- the probes
 
 Reading = tuple[str | None, str, str]  # (live value, state, reason)
@@ -306,6 +543,11 @@ class Probes:
         self._service: dict[str, str] | str | None = None
         self._sysctl_files: list[str] | None = None
         self._doctor: dict[str, tuple[int, str, str]] = {}
+        self._login_sources: dict[str, dict[str, tuple[str, int, str] | None]] = {}
+        self._manager_files: list[str] | None = None
+        # Every check of the run (measure_all sets it): a login shell is traced once for all
+        # the variables its user's checks name.
+        self.checks: list[dict[str, Any]] = []
 
     def path(self, p: str) -> str:
         return os.path.join(self.root, p.lstrip("/"))
@@ -382,6 +624,41 @@ class Probes:
         return compare(
             live, expected, f"a service has {check['var']}={live}" if live != UNSET else f"a service has no {check['var']}"
         )
+
+    # where a drifted value comes from
+    def source(self, check: dict[str, Any], live: str | None) -> Source | None:
+        """The file and line that set a drifted variable's live value (login shells, services);
+        None when unknown or for other probes. Never fails the run: a source is a hint."""
+        try:
+            if check["probe"] == "login_env":
+                return self._login_source(check["user"], check["var"])
+            if check["probe"] == "service_env":
+                return self._service_source(check["var"], live)
+        except (OSError, KeyError, ValueError):
+            return None
+        return None
+
+    def _login_source(self, user: str, var: str) -> Source | None:
+        if var not in self._login_sources.get(user, {}):
+            names = sorted({c["var"] for c in self.checks if c.get("probe") == "login_env" and c.get("user") == user} | {var})
+            names = [n for n in names if _NAME.match(n)]
+            entry = pwd.getpwnam(user)
+            argv, env = login_trace(user, names, entry.pw_uid, entry.pw_dir)
+            _, out, err = run(argv, env=env)
+            self._login_sources[user] = parse_trace(err + "\n" + out, names)
+        found = self._login_sources[user].get(var)
+        return file_source(found[0], found[1], self.root) if found else None
+
+    def _service_source(self, var: str, live: str | None) -> Source | None:
+        if self._manager_files is None:
+            self._manager_files = manager_conf_files(self.root)
+        value, path, line = default_environment(var, self._manager_files, self.root)
+        live_value = None if live in (None, UNSET) else live
+        if path is not None and line is not None and value == live_value:
+            return file_source(path, line, self.root)
+        if live_value is not None and value != live_value:
+            return {"file": None, "line": None, "how": "systemctl set-environment", "managed_by_provisioner": False}
+        return None
 
     # tuned
     def probe_tuned(self, check: dict[str, Any], expected: str) -> Reading:
@@ -572,8 +849,10 @@ def load_expected(directory: str) -> list[dict[str, Any]]:
     """Every declared check, with its role, from DIRECTORY/*.json in name order."""
     try:
         names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+    except FileNotFoundError as exc:
+        raise BadInput(f"never provisioned: no expected state in {directory}", "provision it first") from exc
     except OSError as exc:
-        raise BadInput(f"cannot read the expected state in {directory}: {exc.strerror} (run provisioner up)") from exc
+        raise BadInput(f"cannot read the expected state in {directory}: {exc.strerror}") from exc
     checks = []
     for name in names:
         path = os.path.join(directory, name)
@@ -593,23 +872,30 @@ def load_expected(directory: str) -> list[dict[str, Any]]:
 
 
 def measure_all(checks: list[dict[str, Any]], probes: Probes) -> list[dict[str, Any]]:
+    """Every check's setting. A drifted one whose value a file sets gets "source" (file, line,
+    managed_by_provisioner) and, when `provisioner up` cannot repair it, "repair" (what does)."""
     settings = []
+    probes.checks = checks
     for check in checks:
         try:
             live, state, reason = probes.measure(check)
         except KeyError as exc:
             raise BadInput(f"role {check['role']}, check {check['name']!r}: probe {check['probe']} needs {exc}") from exc
-        settings.append(
-            {
-                "role": check["role"],
-                "name": check["name"],
-                "probe": check["probe"],
-                "expected": str(check.get("expected", "")),
-                "live": live,
-                "state": state,
-                "reason": reason,
-            }
-        )
+        setting = {
+            "role": check["role"],
+            "name": check["name"],
+            "probe": check["probe"],
+            "expected": str(check.get("expected", "")),
+            "live": live,
+            "state": state,
+            "reason": reason,
+        }
+        source = probes.source(check, live) if state == DRIFTED else None
+        if source is not None:
+            setting["source"] = source
+            if not source["managed_by_provisioner"]:
+                setting["repair"] = describe_source(source, str(check.get("var", "")))
+        settings.append(setting)
     return settings
 
 
@@ -632,6 +918,8 @@ def render_table(result: dict[str, Any]) -> str:
     order = {DRIFTED: 0, NOT_APPLICABLE: 2, OK: 1}
     for s in sorted(result["settings"], key=lambda s: order[s["state"]]):
         state = s["state"] + (f": {s['reason']}" if s["reason"] and s["state"] == DRIFTED else "")
+        if s.get("repair") and s["state"] == DRIFTED:
+            state += f"; {s['repair']}"
         if s["state"] == NOT_APPLICABLE:
             state = s["reason"] if s["reason"].startswith(NOT_APPLICABLE) else f"{NOT_APPLICABLE}: {s['reason']}"
         rows.append((s["role"], s["name"], s["expected"], "" if s["live"] is None else str(s["live"]), state))
@@ -752,7 +1040,13 @@ def main(argv: list[str] | None = None, probes_factory: Callable[[], Probes] = P
         checks = load_expected(args.expected_dir)
         settings = measure_all(checks, probes_factory())
     except BadInput as exc:
-        print(f"provisioner-status: {exc}", file=sys.stderr)
+        if args.json:
+            # On stdout, where the caller reads the result: over SSH with a terminal (Ansible's
+            # script module) stderr is merged into stdout and the caller's stderr holds only
+            # ssh's own "Shared connection to HOST closed".
+            print(json.dumps({"schema": SCHEMA, "host": socket.gethostname(), "error": str(exc), "fix": exc.fix}))
+        else:
+            print(f"provisioner-status: {exc}; {exc.fix}: provisioner up", file=sys.stderr)
         return BAD_INPUT
     result = report(settings, time.monotonic() - started)
     if args.textfile:
