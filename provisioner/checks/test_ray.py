@@ -32,6 +32,8 @@ DEFAULT_SPILL = f"{STATE_DIR}/spill"
 LOOPBACK = set(_VARS["_ray_loopback"])
 # Ray's object store: the plan's, at most this share of /dev/shm (roles/ray/tasks/configure.yml).
 SHM_SHARE = 0.9
+# Ray's service ports on a node: ray_service_port_base + 0..7 (roles/ray/vars/main.yml).
+SERVICE_PORTS = 8
 # Ray reports its resources in its own units (memory rounded): equal within a MiB.
 MIB = 2**20
 
@@ -250,12 +252,14 @@ def test_ray_listens_on_the_planned_ports_only(host, member):
     wanted = {base, base + 1, base + 2} | ({int(member["ray_port"])} if member["node"] == "head" else set())
     missing = sorted(wanted - set(bound))
     assert not missing, f"Ray does not listen on {missing}: it listens on {sorted(bound)}"
-    planned = set(config["ports"]) | {int(member["ray_port"])} | set(range(base, base + 6))
+    planned = set(config["ports"]) | {int(member["ray_port"])} | set(range(base, base + SERVICE_PORTS))
     if config.get("dashboard"):
         planned.add(int(member["ray_dashboard_port"]))
     stray = sorted(p for p in bound if p not in planned and not low <= p <= high)
     assert not stray, f"Ray listens on unplanned ports {stray} (planned {sorted(planned)} and {low}-{high})"
-    assert config["ports"] == sorted({int(member["ray_port"]), int(member["ray_client_server_port"]), *range(base, base + 6)})
+    assert config["ports"] == sorted(
+        {int(member["ray_port"]), int(member["ray_client_server_port"]), *range(base, base + SERVICE_PORTS)}
+    )
     # The runtime-env agent is one of the servers Ray binds to the node's address.
     assert bound[base + 2] <= {member["address"]}, f"port {base + 2} is bound to {sorted(bound[base + 2])}"
 
@@ -273,7 +277,7 @@ def _nft_ports(right: Any) -> set[int]:
 
 
 def _spans(ports: set[int]) -> str:
-    """Ports as the table writes them: 6379-6385, 10001."""
+    """Ports as the table writes them: 6379-6387, 10001."""
     spans: list[list[int]] = []
     for port in sorted(ports):
         if spans and spans[-1][1] == port - 1:
@@ -306,7 +310,7 @@ def test_the_firewall_admits_rays_ports_from_the_members_only(host, member):
     ports = {
         int(member["ray_port"]),
         int(member["ray_client_server_port"]),
-        *range(base, base + 6),
+        *range(base, base + SERVICE_PORTS),
         *range(int(member["ray_worker_port_min"]), int(member["ray_worker_port_max"]) + 1),
     }
     port_rules = []

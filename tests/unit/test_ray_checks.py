@@ -26,10 +26,11 @@ LISTEN 0      128          [::]:22       [::]:* users:(("sshd",pid=35,fd=4))
 LISTEN 0      4096            *:6379        *:* users:(("gcs_server",pid=947,fd=44))
 LISTEN 0      4096            *:6380        *:* users:(("raylet",pid=1013,fd=40))
 LISTEN 0      4096            *:6381        *:* users:(("raylet",pid=1013,fd=30))
+LISTEN 0      5         0.0.0.0:6386  0.0.0.0:* users:(("python3",pid=975,fd=21))
 """
-UNIT_PIDS = [938, 947, 1013, 1039, 1097]
+UNIT_PIDS = [938, 947, 975, 1013, 1039, 1097]
 
-_PORTS = {"set": [{"range": [6379, 6385]}, {"range": [10001, 10999]}]}
+_PORTS = {"set": [{"range": [6379, 6387]}, {"range": [10001, 10999]}]}
 _DPORT = {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": _PORTS}}
 TABLE = {
     "nftables": [
@@ -117,7 +118,7 @@ def member() -> dict:
         "ray_dashboard_host": "127.0.0.1",
         "ray_dashboard_port": 8265,
         "ray_dashboard_allow_nonlocal": False,
-        "config": {"ports": [6379, 6380, 6381, 6382, 6383, 6384, 6385, 10001], "dashboard": None},
+        "config": {"ports": [6379, 6380, 6381, 6382, 6383, 6384, 6385, 6386, 6387, 10001], "dashboard": None},
     }
 
 
@@ -132,6 +133,8 @@ def test_the_checks_pass_on_a_heads_listeners_and_table(member):
     [
         (SS.replace("*:6379 ", "*:6390 "), "Ray does not listen on [6379]"),  # the GCS elsewhere
         (SS + 'LISTEN 0 4096 *:8000 *:* users:(("raylet",pid=1013,fd=41))\n', "unplanned ports [8000]"),
+        # The autoscaler's monitor at Ray's own port, as a unit without AUTOSCALER_METRIC_PORT left it.
+        (SS.replace("0.0.0.0:6386 ", "0.0.0.0:44217 "), "unplanned ports [44217]"),
         (SS.replace("10.213.3.2:6382", "0.0.0.0:6382"), "port 6382 is bound to ['0.0.0.0']"),
     ],
 )

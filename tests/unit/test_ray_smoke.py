@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,33 @@ def test_the_cluster_run_is_only_run_when_named():
     assert "cluster" not in module.TASKS and module.CLUSTER_TASKS == ("cluster",)
     assert module.WORKERS["cluster"] is module.w_cluster
     assert module._hpo_queue(4) == module._hpo_queue(4)[:4] and len(module._hpo_queue(6)) == 6
+
+
+def _inventory(tmp_path: Path, groups: dict) -> Path:
+    import yaml
+
+    path = tmp_path / "hosts.yml"
+    children = {g: {"hosts": {h: {"ansible_host": "10.0.0.1"} for h in hosts}} for g, hosts in groups.items()}
+    path.write_text(yaml.safe_dump({"all": {"children": children}}))
+    return path
+
+
+def test_smoke_cluster_runs_on_the_members_and_names_the_hosts_it_leaves_out(tmp_path):
+    from provisioner.commands import cluster_members
+
+    inv = _inventory(tmp_path, {"ray_head": ["box1"], "ray_workers": ["box2", "box3"], "lab": ["r44"]})
+    assert cluster_members(inv, None, {}) == (["box1", "box2", "box3"], ["r44"])
+    assert cluster_members(inv, "box1,r44", {}) == (["box1"], ["r44"])
+    # The groups as -e names them (role ray's ray_head_group and ray_worker_group).
+    inv = _inventory(tmp_path, {"heads": ["box1"], "ray_workers": ["box2"], "nodes": ["box3"]})
+    assert cluster_members(inv, None, {"ray_head_group": "heads", "ray_worker_group": "nodes"}) == (["box1", "box3"], ["box2"])
+
+
+@pytest.mark.parametrize(("limit", "named"), [(None, "no host of group ray_head is in the run;"), ("box2", "(--limit box2)")])
+def test_smoke_cluster_without_the_head_is_refused_naming_the_group(tmp_path, limit, named):
+    from provisioner.commands import cluster_members
+    from provisioner.errors import BadInput
+
+    groups = {"ray_workers": ["box2"], "lab": ["r44"]} if limit is None else {"ray_head": ["box1"], "ray_workers": ["box2"]}
+    with pytest.raises(BadInput, match=re.escape(named)):
+        cluster_members(_inventory(tmp_path, groups), limit, {})
