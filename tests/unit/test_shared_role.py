@@ -177,6 +177,6 @@ def test_the_packages_record_keeps_the_first_state_and_undo_never_purges_what_wa
     checked = play(tmp_path, [undo], check=True)
     assert json.loads(record.read_text()) == first, "check mode writes nothing"
     assert "coreutils (installed before the first run)" in json.dumps(checked)
-    assert changed(play(tmp_path, [undo, undo])) == ["Purge the packages the installs of demo added"]
+    assert changed(play(tmp_path, [undo, undo])) == ["Purge the packages the installs added, for demo"]
     assert not record.exists()
     assert subprocess.run(["dpkg-query", "--show", "coreutils"], capture_output=True).returncode == 0

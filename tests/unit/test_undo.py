@@ -277,3 +277,15 @@ def test_packages_undo_without_a_record_does_nothing(tmp_path, capsys):
     assert PKG.main([str(tmp_path / "packages.json"), "common"]) == 0
     assert json.loads(capsys.readouterr().out)["changed"] is False
     assert PKG.main([str(tmp_path / "packages.json")]) == 2
+
+
+def test_a_daemon_left_running_by_its_purged_package_is_stopped_not_counted_as_the_users_work():
+    apt = Apt([], busy=["polkitd", "prometheus"])
+    stopped = []
+    busy = PKG.busy_users(apt, ["polkitd", "prometheus", "nobody-here"], leftover=lambda pid: True, stopper=stopped.append)
+    assert busy == {} and stopped == [["4242"], ["4242"]]
+    stopped.clear()
+    assert PKG.busy_users(apt, ["polkitd"], check=True, leftover=lambda pid: True, stopper=stopped.append) == {}
+    assert stopped == [], "check mode stops nothing"
+    assert PKG.busy_users(apt, ["polkitd"], leftover=lambda pid: False, stopper=stopped.append) == {
+        "polkitd": "runs processes 4242"} and stopped == []

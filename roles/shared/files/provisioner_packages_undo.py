@@ -133,12 +133,49 @@ def accounts(runner: Runner, database: str) -> dict[str, list[str]]:
     return {line.split(":")[0]: line.split(":") for line in out.splitlines() if ":" in line} if rc in (0, 2) else {}
 
 
-def busy_users(runner: Runner, names: Iterable[str]) -> dict[str, str]:
-    """{user: reason} for the users among NAMES that run processes now."""
+def purged_program(pid: str) -> bool:
+    """Whether process PID runs a program whose file is gone (its package was just purged)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe").endswith(" (deleted)")
+    except OSError:
+        return False
+
+
+def stop(pids: Iterable[str], wait: float = 5.0) -> None:
+    """SIGTERM to PIDS, SIGKILL to those still there after WAIT seconds."""
+    import signal
+    import time
+
+    pids = [int(p) for p in pids]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def busy_users(runner: Runner, names: Iterable[str], *, check: bool = False,
+               leftover: Callable[[str], bool] = purged_program,
+               stopper: Callable[[Iterable[str]], None] = stop) -> dict[str, str]:
+    """{user: reason} for the users among NAMES that run processes now. A daemon of a purged
+    package (its program gone from disk: purge does not stop every daemon, polkitd under D-Bus
+    for one) is stopped rather than counted; anything else the user runs keeps the user."""
     busy = {}
     for name in names:
         rc, out = runner(["ps", "-o", "pid=", "-u", name])
         pids = out.split() if rc == 0 else []
+        if pids and all(leftover(pid) for pid in pids):
+            if not check:
+                stopper(pids)
+            continue
         if pids:
             busy[name] = "runs processes " + " ".join(pids[:5])
     return busy
@@ -190,7 +227,7 @@ def undo(record: dict[str, Any], role: str, *, keep: bool, check: bool, runner: 
     # The users and groups the packages' scripts created (a system user for a daemon).
     if not keep:
         users = [u for u in record.get("users_added", {}).get(role, []) if u in accounts(runner, "passwd")]
-        busy = busy_users(runner, users)
+        busy = busy_users(runner, users, check=check)
         result["kept"].update({f"user {u}": why for u, why in busy.items()})
         for user in (u for u in users if u not in busy):
             if not check:
