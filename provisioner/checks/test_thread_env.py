@@ -345,6 +345,6 @@ def test_status_finds_no_drift(host, expected, ml_user):
         f"{v} in a service" for v in expected
     }
     # A value a file of someone else's sets: the file, the line, and that `provisioner up` cannot repair it.
-    assert drifted(settings) == [], "; ".join(s["repair"] for s in settings if s.get("repair"))
+    assert drifted(settings) == [], "; ".join(f"{s['name']}: {s['repair']}" for s in settings if s.get("repair"))
     if systemd_is_pid1(host):
         assert {s["state"] for s in settings} == {"ok"}
