@@ -22,6 +22,7 @@ any entry left the file goes, so a second undo finds nothing to do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -113,8 +114,21 @@ def settle(chosen: list[str], runner: Runner, rounds: int = 5) -> tuple[list[str
         others = sorted(simulated_removals(out) - set(chosen))
         if not others:
             return chosen, held
-        rc, deps = runner(["apt-cache", "depends", "--installed", "--recurse", "--no-recommends", "--no-suggests",
-                           "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances", *others])
+        rc, deps = runner(
+            [
+                "apt-cache",
+                "depends",
+                "--installed",
+                "--recurse",
+                "--no-recommends",
+                "--no-suggests",
+                "--no-conflicts",
+                "--no-breaks",
+                "--no-replaces",
+                "--no-enhances",
+                *others,
+            ]
+        )
         needed = hard_dependencies(deps) & set(chosen) if rc == 0 else set(chosen)
         if not needed:  # apt would take them for another reason: keep everything rather than guess
             needed = set(chosen)
@@ -148,23 +162,24 @@ def stop(pids: Iterable[str], wait: float = 5.0) -> None:
 
     pids = [int(p) for p in pids]
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
         time.sleep(0.1)
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
-def busy_users(runner: Runner, names: Iterable[str], *, check: bool = False,
-               leftover: Callable[[str], bool] = purged_program,
-               stopper: Callable[[Iterable[str]], None] = stop) -> dict[str, str]:
+def busy_users(
+    runner: Runner,
+    names: Iterable[str],
+    *,
+    check: bool = False,
+    leftover: Callable[[str], bool] = purged_program,
+    stopper: Callable[[Iterable[str]], None] = stop,
+) -> dict[str, str]:
     """{user: reason} for the users among NAMES that run processes now. A daemon of a purged
     package (its program gone from disk: purge does not stop every daemon, polkitd under D-Bus
     for one) is stopped rather than counted; anything else the user runs keeps the user."""
@@ -197,10 +212,11 @@ def empty(record: dict[str, Any]) -> bool:
     return not any(v for kind in KINDS for v in record.get(kind, {}).values())
 
 
-def undo(record: dict[str, Any], role: str, *, keep: bool, check: bool, runner: Runner = run) -> tuple[dict[str, Any], dict[str, Any]]:
+def undo(
+    record: dict[str, Any], role: str, *, keep: bool, check: bool, runner: Runner = run
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the result to print, the record to write back)."""
-    result: dict[str, Any] = {"changed": False, "purged": [], "removed": [], "kept": {}, "users": [], "groups": [],
-                              "notes": []}
+    result: dict[str, Any] = {"changed": False, "purged": [], "removed": [], "kept": {}, "users": [], "groups": [], "notes": []}
     if not any(record.get(kind, {}).get(role) for kind in KINDS):
         return result, record
     rc, out = runner(["dpkg-query", "--show", "--showformat=${db:Status-Status} ${Package}\\n"])
