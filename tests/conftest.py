@@ -39,7 +39,7 @@ def _require(what: str, reason: str | None) -> None:
 # see), form one unit of work that runs on one worker, in order; every other test (each
 # molecule scenario, the tests with servers of their own, the unit tests) is a unit of its
 # own. (xdist's own xdist_group mark does not take effect with this pytest.)
-SHARED_LAB = ("test_lab.py", "test_storage.py", "test_up.py", "test_host_tuning.py")
+SHARED_LAB = ("test_lab.py", "test_storage.py", "test_up.py", "test_interrupt.py", "test_host_tuning.py")
 # Files whose tests share a lab server of their own (a module fixture): one unit each, so the
 # server is booted once, on one worker, beside the shared-lab unit.
 OWN_LAB = ("test_serving.py", "test_fleet.py", "test_proxy.py", "test_ray.py", "test_vm.py", "test_vm_raid.py")
