@@ -229,6 +229,91 @@ def test_smoke_flags_a_regression_and_a_wrong_blas_kernel(provisioned):
     assert rc == ExitCode.HOST_FAILED
 
 
+# ---------------------------------------------------------------- a user's own code, as they run it
+
+# A user's GridSearchCV with no thread argument of any kind (no inner_max_num_threads, no
+# threadpool_limits); only the scorer reports, from inside whichever process scores, the
+# BLAS/OpenMP pools threadpoolctl sees there.
+PLAIN_GRID = """
+import json, os, sys
+from sklearn.datasets import make_classification
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.model_selection import GridSearchCV
+from threadpoolctl import threadpool_info
+
+def pools():
+    return [(i["user_api"], i["num_threads"]) for i in threadpool_info()]
+
+def scorer(estimator, x, y):
+    print(json.dumps({"pid": os.getpid(), "pools": pools()}), flush=True)
+    return float((estimator.predict(x) == y).mean())
+
+x, y = make_classification(200, 8, random_state=0)
+grid = {"max_depth": [3, 5]}
+GridSearchCV(RandomForestClassifier(), grid, cv=2, n_jobs=int(sys.argv[1]), scoring=scorer).fit(x, y)
+print(json.dumps({"main": os.getpid(), "pools": pools()}), flush=True)
+"""
+
+
+def put(server, path: str, text: str) -> None:
+    """A file on the host, readable by the ML user."""
+    r = subprocess.run(["ssh", "-F", str(server.ssh_config), server.name, f"cat > {path} && chmod 0644 {path}"],
+                       input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def host_threads(server) -> int:
+    """The plan's threads of one job, as the run applied it on the host."""
+    return int(json.loads(ssh(server, "cat /etc/provisioner/plan.json").stdout)["values"]["threads_per_job"])
+
+
+def plain_grid_search(server) -> tuple[int, list[dict], dict]:
+    """The plain search in a login shell of the ML user (`su - ml`), n_jobs=2; (threads, workers, main)."""
+    threads = host_threads(server)
+    put(server, "/tmp/plain_grid.py", PLAIN_GRID)
+    # A guard against a hung run, not a speed limit: two workers import scikit-learn on a busy host.
+    r = subprocess.run(["ssh", "-F", str(server.ssh_config), server.name, "su - ml -c '/opt/mlstack/bin/python /tmp/plain_grid.py 2'"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    main = rows.pop()
+    return threads, [w for w in rows if w["pid"] != main["main"]], main
+
+
+def test_a_plain_grid_search_in_the_ml_users_login_shell_keeps_each_worker_within_its_share(provisioned):
+    """Two loky workers on the plan's cores: each runs at most threads // 2 BLAS and OpenMP
+    threads (joblib alone would pass the login shell's OMP_NUM_THREADS into both), while the main
+    process keeps the plan's count."""
+    threads, workers, main = plain_grid_search(provisioned["server"])
+    assert threads >= 2, "one core: no share smaller than the whole to hold the workers to"
+    share = threads // 2
+    assert workers, "no loky worker scored: the search ran in the main process"
+    over = [w for w in workers if max(n for _api, n in w["pools"]) > share]
+    assert not over, f"loky workers above their share of {share} thread(s) on {threads} cores: {over}"
+    assert {api for w in workers for api, _n in w["pools"]} >= {"blas", "openmp"}, workers
+    assert max(n for api, n in main["pools"] if api == "blas") == threads, main
+
+
+ML_PYTHON = "import os, shutil, sys; print(sys.prefix, shutil.which('pip'), os.environ.get('ML_ENV_TRIAL', '-'))"
+
+
+def test_python_and_pip_are_the_ml_environments_in_a_login_shell_and_in_ml_env(provisioned):
+    """The README's `ml-env --trials N -- python tune.py` as written: as the ML user in a login
+    shell, and from an ssh command as root (whose PATH has no ML environment)."""
+    server = provisioned["server"]
+    put(server, "/tmp/which_python.py", ML_PYTHON + "\n")
+    login = ssh(server, "su - ml -c 'command -v python; command -v pip; python /tmp/which_python.py'")
+    assert login.returncode == 0, login.stderr
+    assert login.stdout.splitlines() == ["/opt/mlstack/bin/python", "/opt/mlstack/bin/pip", "/opt/mlstack /opt/mlstack/bin/pip -"]
+    for how in ("su - ml -c 'ml-env --trials 2 -- python /tmp/which_python.py'",
+                "ml-env --trials 2 -- python /tmp/which_python.py"):
+        r = ssh(server, how)
+        assert r.returncode == 0, (how, r.stderr)
+        assert sorted(r.stdout.splitlines()) == ["/opt/mlstack /opt/mlstack/bin/pip 0", "/opt/mlstack /opt/mlstack/bin/pip 1"], how
+    # Only the ML group's login shells: root's PATH is left as it was.
+    assert ssh(server, "bash -lc 'command -v python || echo none'").stdout.strip() != "/opt/mlstack/bin/python"
+
+
 def test_smoke_and_status_refuse_an_unprovisioned_host(fresh_lab_server):
     server = fresh_lab_server("pv-bare")
     r = cli("smoke", "-i", str(server.inventory))
