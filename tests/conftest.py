@@ -42,7 +42,15 @@ def _require(what: str, reason: str | None) -> None:
 SHARED_LAB = ("test_lab.py", "test_storage.py", "test_up.py", "test_interrupt.py", "test_host_tuning.py")
 # Files whose tests share a lab server of their own (a module fixture): one unit each, so the
 # server is booted once, on one worker, beside the shared-lab unit.
-OWN_LAB = ("test_serving.py", "test_fleet.py", "test_proxy.py", "test_ray.py", "test_vm.py", "test_vm_raid.py")
+OWN_LAB = (
+    "test_serving.py",
+    "test_fleet.py",
+    "test_proxy.py",
+    "test_ray.py",
+    "test_vm.py",
+    "test_vm_raid.py",
+    "test_fresh.py",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
