@@ -8,12 +8,16 @@ What a container cannot show, proven here through `provisioner up` and `undo` th
 - the host tuning live, not only persisted: THP enabled and defrag, swappiness, NUMA balancing
   and tuned's profile written into the running kernel (a container sees them read-only);
 - a second run changes nothing, and with `--reboot` reboots the VM exactly once for the 1 GiB
-  hugepages on the kernel command line (through grub: the VM boots from its disk);
+  hugepages on the kernel command line (through grub: the VM boots from its disk), although
+  the inventory names it as a user names a forwarded host (127.0.0.1 and a port, no
+  ansible_connection);
 - after the reboot the array assembles under its name from the initramfs, the filesystem is
-  mounted again with a file's checksum intact, the 1 GiB page is reserved, verify passes
-  with every live cpu_tuning check run (only the governor's skipped: no cpufreq driver here),
-  and the smoke test's configuration checks (`smoke --config-only`: the plan's threads in a
-  login shell and a service, THP, the data mount) pass;
+  mounted again with a file's checksum intact, the 1 GiB page is reserved, a standalone
+  `provisioner verify` without the runs' -e options passes (it judges by the options up
+  recorded on the host) with every live cpu_tuning check run (only the governor's skipped: no
+  cpufreq driver here), the first run after the reboot changes nothing (the applied plan stays
+  as it was), and the smoke test's configuration checks (`smoke --config-only`: the plan's
+  threads in a login shell and a service, THP, the data mount) pass;
 - `undo --reboot` (with the runs' roles as its --tags) takes the 1 GiB pages off the kernel
   command line and reboots once, after which no 1 GiB page is reserved and the VM boots with
   its own tuning again.
@@ -30,7 +34,7 @@ import subprocess
 import time
 
 import pytest
-from vm_lab import assert_data_array, booted, cli_json, ssh
+from vm_lab import assert_data_array, booted, cli_json, ssh, user_inventory
 
 from provisioner import lab
 from provisioner.errors import ExitCode
@@ -99,6 +103,12 @@ def vm_server(vm_requirements):
         yield server
 
 
+@pytest.fixture(scope="module")
+def inventory(vm_server) -> str:
+    """The VM as a user's inventory names a forwarded host: 127.0.0.1 and a port, no ansible_connection."""
+    return str(user_inventory(vm_server))
+
+
 def _run_seconds(run: dict) -> tuple[float, int]:
     """A run's seconds and its task results on the one host (ok, changed and skipped)."""
     host = run["hosts"][NAME]
@@ -114,8 +124,8 @@ def stock_tuning(vm_server):
 
 
 @pytest.fixture(scope="module")
-def first_up(vm_server, stock_tuning):
-    rc, data, errors, messages = cli_json("up", "-i", str(vm_server.inventory), *FIRST_TAGS, "--no-verify", *_vars(vm_server))
+def first_up(vm_server, inventory, stock_tuning):
+    rc, data, errors, messages = cli_json("up", "-i", inventory, *FIRST_TAGS, "--no-verify", *_vars(vm_server))
     if data:
         TIMES["first run"], tasks = _run_seconds(data)
         TIMES["first run per task"] = TIMES["first run"] / max(tasks, 1)
@@ -154,13 +164,19 @@ def test_the_host_tuning_is_written_into_the_running_kernel(vm_server, first_up,
 
 
 @pytest.fixture(scope="module")
-def rebooted_up(vm_server, first_up):
+def rebooted_up(vm_server, inventory, first_up):
+    """The second run with --reboot; its verify is the standalone one below (verified)."""
     assert first_up[0] == ExitCode.OK, first_up[2]
     ssh(vm_server, "head -c 8M /dev/urandom > /data/probe && sync")
-    before = {"sha": ssh(vm_server, "sha256sum /data/probe").split()[0], "boot_id": boot_id(vm_server)}
+    before = {
+        "sha": ssh(vm_server, "sha256sum /data/probe").split()[0],
+        "boot_id": boot_id(vm_server),
+        "plan": ssh(vm_server, "cat /etc/provisioner/plan.json"),
+        "meminfo": ssh(vm_server, "cat /proc/meminfo"),
+    }
     start = time.monotonic()
-    result = cli_json("up", "-i", str(vm_server.inventory), *TAGS, "--reboot", *_vars(vm_server))
-    TIMES["second run + reboot + verify"] = time.monotonic() - start
+    result = cli_json("up", "-i", inventory, *TAGS, "--reboot", "--no-verify", *_vars(vm_server))
+    TIMES["second run + reboot"] = time.monotonic() - start
     data = result[1]
     if data:
         TIMES["second run"], tasks = _run_seconds(data)
@@ -190,20 +206,34 @@ def test_after_the_reboot_the_array_assembles_under_its_name_with_the_data_intac
     assert ssh(vm_server, f"cat {HUGEPAGES_1G}").strip() == "1"
 
 
-def test_the_verify_after_the_reboot_passes(rebooted_up):
-    (rc, data, errors, _), _ = rebooted_up
-    assert rc == ExitCode.OK, errors
-    verified = data["verify"]
-    assert verified is not None and verified["exit_code"] == 0, verified
-    roles = verified["roles"][NAME]
+@pytest.fixture(scope="module")
+def verified(inventory, rebooted_up):
+    """A standalone `provisioner verify` of the runs' roles after the reboot, without the runs' -e
+    options: it judges by what up recorded on the host (the drives, the level, the 1 GiB page)."""
+    assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
+    start = time.monotonic()
+    result = cli_json("verify", "-i", inventory, *TAGS)
+    TIMES["verify"] = time.monotonic() - start
+    return result
+
+
+def test_a_standalone_verify_after_the_reboot_passes_without_the_runs_options(verified):
+    rc, data, errors, _ = verified
+    assert rc == ExitCode.OK, (errors, data and data["roles"])
+    roles = data["roles"][NAME]
+    assert set(roles) == {"storage", "hugepages", "cpu_tuning"}, roles
     assert roles["storage"]["outcome"] == roles["hugepages"]["outcome"] == roles["cpu_tuning"]["outcome"] == "passed", roles
+    # It checked the array the runs' -e options named, not "nothing configured".
+    storage = {c["check"]: c["outcome"] for c in data["hosts"][NAME] if c["role"] == "storage"}
+    assert storage["test_md_array_runs_with_every_drive"] == "passed", storage
+    assert storage["test_nothing_created_without_devices"] == "skipped", storage
 
 
-def test_after_the_reboot_every_live_cpu_tuning_check_ran_and_passed(rebooted_up):
+def test_after_the_reboot_every_live_cpu_tuning_check_ran_and_passed(verified):
     """The container lab's "read-only here" skips run here; only what this VM lacks is skipped, saying so."""
-    (rc, data, errors, _), _ = rebooted_up
+    rc, data, errors, _ = verified
     assert rc == ExitCode.OK, errors
-    checks = {c["check"]: c for c in data["verify"]["hosts"][NAME] if c["role"] == "cpu_tuning"}
+    checks = {c["check"]: c for c in data["hosts"][NAME] if c["role"] == "cpu_tuning"}
     live = sorted(name for name in checks if name.startswith("test_live_value["))
     assert len(live) == len(LIVE), checks  # swappiness, NUMA balancing, THP enabled and defrag
     skipped = {name: c["message"] for name, c in checks.items() if c["outcome"] != "passed"}
@@ -214,12 +244,37 @@ def test_after_the_reboot_every_live_cpu_tuning_check_ran_and_passed(rebooted_up
 
 
 @pytest.fixture(scope="module")
-def config_after_reboot(vm_server, rebooted_up):
+def up_after_reboot(vm_server, inventory, rebooted_up):
+    """The first run after the reboot that reserved the 1 GiB page, with the first run's roles
+    (role common's configure phase rewrites the applied plan when it changed)."""
+    assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
+    result = cli_json("up", "-i", inventory, *FIRST_TAGS, "--no-verify", *_vars(vm_server))
+    if result[1]:
+        TIMES["first run after the reboot"] = result[1]["seconds"]
+    return result, ssh(vm_server, "cat /etc/provisioner/plan.json"), ssh(vm_server, "cat /proc/meminfo")
+
+
+def test_the_first_run_after_the_reboot_changes_nothing(up_after_reboot, rebooted_up):
+    """The reserved page leaves the plan as it was: its memory-derived values count the RAM the
+    pages took (the kernel leaves boot-time 1 GiB pages out of MemTotal)."""
+    (rc, data, errors, _), plan, meminfo = up_after_reboot
+    before = rebooted_up[1]
+    assert rc == ExitCode.OK, errors
+    assert data["hosts"][NAME]["changed"] == 0, (data["changes"], _memtotal(before["meminfo"]), _memtotal(meminfo))
+    assert plan == before["plan"]
+
+
+def _memtotal(meminfo: str) -> str:
+    return "; ".join(line for line in meminfo.splitlines() if line.startswith(("MemTotal", "Hugetlb")))
+
+
+@pytest.fixture(scope="module")
+def config_after_reboot(vm_server, inventory, rebooted_up):
     """`smoke --config-only` on the rebooted VM: the configuration as a job sees it (no ML
     environment here: only the configuration checks, which need none)."""
     assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
     start = time.monotonic()
-    result = cli_json("smoke", "-i", str(vm_server.inventory), "--config-only")
+    result = cli_json("smoke", "-i", inventory, "--config-only")
     TIMES["smoke --config-only"] = time.monotonic() - start
     return result
 
@@ -243,14 +298,14 @@ def test_after_the_reboot_the_smoke_tests_configuration_checks_pass(config_after
 
 
 @pytest.fixture(scope="module")
-def undone(vm_server, rebooted_up, config_after_reboot):
+def undone(vm_server, inventory, rebooted_up, config_after_reboot, verified, up_after_reboot):
     """`undo --reboot` (the last run of the module) and what it left. Undo without --reboot, its
     pending-reboot message and the live values given back before any reboot are the unit tests'
     (test_undo.py) and this machine's own kernel's (tests/host): here, what only a real boot shows."""
     assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
     before = boot_id(vm_server)
     start = time.monotonic()
-    result = cli_json("undo", "-i", str(vm_server.inventory), "--reboot", *UNDO_TAGS)
+    result = cli_json("undo", "-i", inventory, "--reboot", *UNDO_TAGS)
     TIMES["undo --reboot + reboot"] = time.monotonic() - start
     if result[1] and result[1].get("rebooted"):
         TIMES["undo's reboot run"] = result[1]["rebooted"]["seconds"]

@@ -4,8 +4,9 @@ the module (marked lab), driven through `provisioner up --tags storage` with Mit
 What test_vm.py does not show (it proves RAID0, the initramfs and a reboot through grub):
 - RAID1 on two drives loses one (pulled from the running VM through qemu's control socket) and
   the VM reboots: it comes up (nofail, md's degraded start), the array runs on one drive with a
-  file's checksum intact; verify fails naming the degraded array, status shows it drifted, and
-  up succeeds with a warning instead of "repairing" it into something else;
+  file's checksum intact; up's roles keep the array as it is, change nothing and warn, its
+  verify fails naming the degraded array (so up exits 1, as verify does), and status shows it
+  drifted, naming the lost drive;
 - the drive comes back: up re-adds it (its superblock names the array), the array rebuilds to
   clean, verify passes, and a re-run changes nothing;
 - with the RAID1 stopped by hand and its drives allowed to be wiped, up builds RAID10 (near=2)
@@ -131,6 +132,8 @@ def degraded_up(server, raid1):
 def test_up_keeps_the_degraded_array_warns_and_verify_fails_naming_it(server, degraded_up):
     rc, data, errors = degraded_up
     assert data["hosts"][NAME]["failed"] == 0, errors  # the roles succeeded; the checks did not
+    # Nothing to change: the declared state names the drives as storage_devices does, lost or not.
+    assert data["hosts"][NAME]["changed"] == 0, data["changes"]
     warnings = data["hosts"][NAME]["warnings"]
     lost = server.drives[LOST]
     assert any(
@@ -149,6 +152,7 @@ def test_up_keeps_the_degraded_array_warns_and_verify_fails_naming_it(server, de
 def test_status_shows_the_degraded_array_drifted(server, degraded_up):
     row = _status(server, "status (degraded)")
     assert row["state"] == "drifted" and "degraded" in json.dumps(row), row
+    assert f"{server.drives[LOST]} missing" in json.dumps(row), row  # the lost drive, by its stable name
 
 
 def _status(server: lab.LabServer, key: str) -> dict:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
+
 from provisioner import lab
 from provisioner.lab.image import ensure_image
 
@@ -53,6 +55,19 @@ def booted(name: str, times: dict[str, float], label: str, **options: object) ->
     finally:
         lab.down(name)
         print(f"\n{label} (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
+
+
+def user_inventory(server: lab.LabServer) -> Path:
+    """The VM's inventory as a user writes one for a server reached through a forwarded port:
+    127.0.0.1, the port, the key and the known_hosts, and no ansible_connection (Ansible uses ssh
+    there), so provisioner decides for itself that the host is not this machine. Beside the lab's own."""
+    data = yaml.safe_load(server.inventory.read_text())
+    host = data["all"]["children"]["lab"]["hosts"][server.name]
+    host.pop("ansible_connection", None)
+    assert host["ansible_host"] == "127.0.0.1" and int(host["ansible_port"]) != 22, host
+    path = server.inventory.with_name("user-inventory.yml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def assert_data_array(server: lab.LabServer, level: str, drives: list[str], chunk_kb: int, data_drives: int) -> dict:
