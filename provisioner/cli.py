@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from . import __version__, commands, engine, options, render
+from . import __version__, commands, options, render
 from .errors import BadInput, Interrupted, ProvisionerError
 from .result import Result, interrupted, refused
 from .runs import ProgressCallback
@@ -79,17 +79,17 @@ def _finish(
     """The one way every command ends: call it, print its result (tables, or the JSON
     envelope with --json), its notes and errors, and exit with its code. An error raised
     before the command had anything to show leaves the same way, as a result without data.
-    SIGINT or SIGTERM stops the command's run as a whole (engine.interruptible): the result
+    SIGINT or SIGTERM stops the command's run as a whole (commands.interruptible): the result
     then says so, exit code 130."""
-    with engine.interruptible():
+    with commands.interruptible():
         try:
             if connect_timeout is not None:
-                engine.set_connect_timeout(connect_timeout)
+                commands.set_connect_timeout(connect_timeout)
             with render.live_progress(enabled=progress and not json and render.console.is_terminal) as on_progress:
                 result = call(on_progress)
         except (ProvisionerError, Interrupted) as exc:
             result = refused(command, exc)
-        result = interrupted(result, engine.interrupted())
+        result = interrupted(result, commands.interrupted_by())
     if json:
         render.print_json(result.envelope())
         render.notes((), result.errors)
@@ -106,7 +106,7 @@ def facts(
     limit: Limit = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Discover each host's hardware: CPU, ISA, caches, memory, drives, virtualization, OS."""
     _finish(
@@ -125,7 +125,7 @@ def plan(
     extra_vars: ExtraVars = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Derive the tuning plan from each host's hardware, each setting with its reason."""
     _finish(
@@ -168,7 +168,7 @@ def up(
         int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log; every change and check.")
     ] = 0,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
     batch: Annotated[
         str | None,
         typer.Option(
@@ -230,7 +230,7 @@ def undo(
     ] = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Restore the values provisioner's tuning changed, as recorded on each host before its first change.
 
@@ -282,7 +282,7 @@ def status(
     limit: Limit = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Show, per host, every setting the roles manage: expected, live, and ok / drifted / not applicable.
 
@@ -337,7 +337,7 @@ def smoke(
     extra_vars: ExtraVars = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Run the ML workloads on each host and hold every figure against the hardware's limit.
 
@@ -525,7 +525,7 @@ def serve_status(
     limit: Limit = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Per host and worker: unit state, CPU slice, threads, model versions, cache and requests/s.
 
@@ -548,7 +548,7 @@ def serve_load(
     limit: Limit = None,
     json: Json = False,
     accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = engine.DEFAULT_CONNECT_TIMEOUT,
+    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
 ) -> None:
     """Add a model version to the registry and roll it in worker by worker, without dropping requests.
 

@@ -26,6 +26,13 @@ from .smoke import SmokeRun
 from .verify import APPLIED_OPTIONS_VAR, VerifyResult, applied_options, roles_for_tags
 from .verify import verify as run_checks
 
+# The run-wide settings the CLI sets for a command, owned by the engine: the CLI reaches the
+# engine only through this module (tests/unit/test_layers.py).
+DEFAULT_CONNECT_TIMEOUT = engine.DEFAULT_CONNECT_TIMEOUT
+interruptible = engine.interruptible
+interrupted_by = engine.interrupted
+set_connect_timeout = engine.set_connect_timeout
+
 HARDWARE_FACT = "provisioner_hardware"
 PLAN_FACT = "provisioner_plan"
 
