@@ -1,15 +1,19 @@
-"""A Ray cluster of three lab servers (a head and two workers) set up by role ray over real SSH.
+"""A Ray cluster of three lab servers (a head and two workers) set up by role ray over real SSH,
+and a fourth lab server outside the cluster, never provisioned.
 
-The runs apply common, mlstack (core, hpo and distributed from a wheelhouse), thread_env (whose
-thread variables the Ray units must clear) and ray only (`--tags`, no verify). Proven here: every
-node joins with the plan's CPUs and memory, a job's tasks run on every node with the threads their
-reservation gives, a stopped worker leaves and rejoins when started again, a killed one is
-restarted by systemd and rejoins, the dashboard (when the environment has it) answers on loopback
-only, Ray's ports are refused to an address outside the cluster (this machine's end of the lab
-network), a second run changes nothing, verify's ray checks pass on every node and name a stopped
-unit, `provisioner smoke --cluster` passes, bad input is refused before any host changes, and undo
-takes it all away (verify's check of a host outside the cluster then passes on the head). The
-three servers boot in parallel and are shared by every test of this module.
+The runs apply common, mlstack (core, hpo, distributed and serving from a wheelhouse: serving brings
+prometheus-client, with which Ray's autoscaler monitor and dashboard serve metrics, as in an
+environment of the default components), thread_env (whose thread variables the Ray units must
+clear) and ray only (`--tags`, no verify). Proven here: every node joins with the plan's CPUs and
+memory, a job's tasks run on every node with the threads their reservation gives, a stopped worker
+leaves and rejoins when started again, a killed one is restarted by systemd and rejoins, the
+dashboard (when the environment has it) answers on loopback only, every port the head and a worker
+listen on (read with `ss` on the node, not only the planned ones) is refused to the outsider and to
+this machine and open to a member, a second run changes nothing, verify's ray checks pass on every
+node and name a stopped unit, `provisioner smoke --cluster` passes with the outsider in the
+inventory (left out and named), bad input is refused before any host changes, and undo takes it all
+away (verify's check of a host outside the cluster then passes on the head). The four servers boot
+in parallel and are shared by every test of this module.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from provisioner.errors import ExitCode
 pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
-HEAD, WORKERS = "ray-h", ("ray-w1", "ray-w2")
+HEAD, WORKERS = "ry-h", ("ry-w1", "ry-w2")
 NAMES = (HEAD, *WORKERS)
-COMPONENTS = ["core", "hpo", "distributed"]
+# A lab server outside the cluster, in the same lab network: booted only, never provisioned.
+OUTSIDER = "ry-out"
+COMPONENTS = ["core", "hpo", "distributed", "serving"]
 PORT = 6379
 
 
@@ -50,11 +56,13 @@ def selection(wheelhouse: str) -> tuple[str, ...]:
     )
 
 
-def cli_json(*args: str, timeout: int = 1500) -> tuple[int, dict, list[str]]:
+def cli_json(*args: str, timeout: int = 1500, with_messages: bool = False) -> tuple:
     r = subprocess.run([str(BIN), *args, "--json"], capture_output=True, text=True, timeout=timeout)
     assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
     envelope = json.loads(r.stdout)
     assert envelope["exit_code"] == r.returncode, envelope
+    if with_messages:
+        return r.returncode, envelope["data"], envelope["errors"], envelope["messages"]
     return r.returncode, envelope["data"], envelope["errors"]
 
 
@@ -145,25 +153,66 @@ def connects(address: str, port: int) -> bool | str:
         return type(exc).__name__
 
 
-def write_inventory(path: Path, hosts: dict, head: list[str], workers: list[str]) -> str:
+def write_inventory(path: Path, hosts: dict, head: list[str], workers: list[str], others: tuple[str, ...] = ()) -> str:
     groups = {"ray_head": {"hosts": {h: hosts[h] for h in head}}, "ray_workers": {"hosts": {h: hosts[h] for h in workers}}}
+    if others:
+        groups["lab"] = {"hosts": {h: hosts[h] for h in others}}
     path.write_text(yaml.safe_dump({"all": {"children": groups}}, sort_keys=False))
     return str(path)
 
 
+# Run on a lab server: a TCP connection to each ADDRESS:PORT, "open" when accepted, else the error.
+PROBE = r"""
+import json, socket, sys
+out = {}
+for target in sys.argv[1:]:
+    address, port = target.rsplit(":", 1)
+    try:
+        with socket.create_connection((address, int(port)), timeout=5):
+            out[target] = "open"
+    except OSError as exc:
+        out[target] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def probe(source: lab.LabServer, address: str, ports: list[int]) -> dict[int, str]:
+    r = ssh(source, shlex.join(["python3", "-c", PROBE, *(f"{address}:{p}" for p in ports)]))
+    assert r.returncode == 0, r.stderr
+    return {int(k.rsplit(":", 1)[1]): v for k, v in json.loads(r.stdout).items()}
+
+
+def listening(server: lab.LabServer) -> dict[int, tuple[set[str], set[str]]]:
+    """Every TCP port the server listens on: its addresses and the processes (ss -ltnp on the node)."""
+    r = ssh(server, "ss -Hltnp")
+    assert r.returncode == 0, r.stderr
+    out: dict[int, tuple[set[str], set[str]]] = {}
+    for line in r.stdout.splitlines():
+        fields = line.split()
+        address, _, port = fields[3].rpartition(":")
+        addresses, processes = out.setdefault(int(port), (set(), set()))
+        addresses.add(address.strip("[]"))
+        processes.update(re.findall(r'\("([^"]+)",pid=', line))
+    return out
+
+
 @pytest.fixture(scope="module")
 def cluster(lab_requirements, tmp_path_factory):
-    """Three lab servers booted in parallel, ray-h in ray_head and the others in ray_workers, the
+    """Four lab servers booted in parallel, ry-h in ray_head and the others in ray_workers, the
     first `up` and the second one."""
     wheelhouse = str(bundle.build_wheelhouse(bundle.default_wheelhouse(), COMPONENTS).path)
-    with ThreadPoolExecutor(len(NAMES)) as pool:
-        servers = dict(zip(NAMES, pool.map(lab.up, NAMES), strict=True))
+    with ThreadPoolExecutor(len(NAMES) + 1) as pool:
+        booted = dict(zip((*NAMES, OUTSIDER), pool.map(lab.up, (*NAMES, OUTSIDER)), strict=True))
+    outsider = booted.pop(OUTSIDER)
+    servers = booted
     try:
         hosts: dict = {}
-        for server in servers.values():
+        for server in (*servers.values(), outsider):
             hosts.update(yaml.safe_load(server.inventory.read_text())["all"]["children"]["lab"]["hosts"])
         where = tmp_path_factory.mktemp("ray")
         inventory = write_inventory(where / "hosts.yml", hosts, [HEAD], list(WORKERS))
+        # The documented inventory with one more host, in neither group (what smoke --cluster gets).
+        with_outsider = write_inventory(where / "with-outsider.yml", hosts, [HEAD], list(WORKERS), (OUTSIDER,))
         check = cli_json("up", "-i", inventory, "--check", *selection(wheelhouse))
         unit_after_check = [ssh(s, "test -e /etc/systemd/system/provisioner-ray.service").returncode for s in servers.values()]
         first = cli_json("up", "-i", inventory, *selection(wheelhouse))
@@ -171,15 +220,17 @@ def cluster(lab_requirements, tmp_path_factory):
         yield {
             "check": (*check, unit_after_check),
             "servers": servers,
+            "outsider": outsider,
             "hosts": hosts,
             "inventory": inventory,
+            "with_outsider": with_outsider,
             "dir": where,
             "wheelhouse": wheelhouse,
             "first": first,
             "second": second,
         }
     finally:
-        for name in NAMES:
+        for name in (*NAMES, OUTSIDER):
             lab.down(name)
 
 
@@ -244,17 +295,39 @@ def test_tasks_run_on_every_node_with_the_threads_of_their_reservation(cluster):
     assert {(r["omp"], r["blas"], r["openmp"]) for r in two} == {("2", 2, 2)}, two
 
 
-def test_ray_ports_are_refused_outside_the_cluster_and_open_inside(cluster):
-    """This machine reaches the lab servers from its end of their links (10.213.N.1), an address
-    outside the cluster: a TCP reset. A member connects."""
-    servers = cluster["servers"]
+def test_every_port_a_node_listens_on_is_refused_outside_the_cluster_and_open_inside(cluster):
+    """Not only the planned ports: every TCP port the head and a worker listen on (ss on the node,
+    sshd's aside) is probed from the outsider, a lab server in the same network but in neither
+    group, and from this machine (10.213.N.1): a TCP reset for each. A member connects to each.
+    Ray opens some servers on every address (the GCS, the node manager, the head's metrics servers),
+    so the firewall is what fences them; the autoscaler's monitor serves at its planned port, not
+    at Ray's 44217, where it answered HTTP 200 to anyone."""
+    servers, outsider = cluster["servers"], cluster["outsider"]
     head, worker = servers[HEAD], servers[WORKERS[0]]
-    assert connects(head.address, PORT) == "ConnectionRefusedError"
-    assert connects(worker.address, 6380) == "ConnectionRefusedError"  # a worker's node manager
-    inside = ssh(worker, f"timeout 5 bash -c 'exec 3<>/dev/tcp/{head.address}/{PORT}' && echo open")
-    assert inside.stdout.strip() == "open", inside.stderr
+    for node, member in ((head, worker), (worker, head)):
+        config = read_json(node, "/etc/provisioner/ray/ray.json")
+        ports = listening(node)
+        ray = {p: where for p, where in ports.items() if where[1] != {"sshd"}}
+        assert not {p for p, (_, procs) in ports.items() if "sshd" in procs} - {22}, ports
+        # Ray's own, so the probe cannot pass on a node where Ray does not run.
+        wanted = {6380, 6381, 6382} | ({PORT, 6386} if node is head else set())
+        assert wanted <= set(ray), f"{node.name} listens on {sorted(ray)}, not on {sorted(wanted - set(ray))}"
+        assert 44217 not in ports and 44227 not in ports, sorted(ports)
+        low, high = config["worker_ports"]
+        unplanned = sorted(p for p in ray if p not in config["ports"] and not low <= p <= high)
+        assert not unplanned, f"{node.name}: Ray listens on unplanned ports {unplanned}: {ray}"
+        outside = probe(outsider, node.address, sorted(ray))
+        assert outside == dict.fromkeys(sorted(ray), "ConnectionRefusedError"), f"from {OUTSIDER}: {outside}"
+        here = {p: connects(node.address, p) for p in sorted(ray)}
+        assert here == dict.fromkeys(sorted(ray), "ConnectionRefusedError"), f"from this machine: {here}"
+        # Beyond loopback, every planned one is open to a member of the cluster (a worker process may
+        # have ended since ss listed its port).
+        reachable = sorted(p for p, (addresses, _) in ray.items() if addresses - {"127.0.0.1", "::1"} and p in config["ports"])
+        inside = probe(member, node.address, reachable)
+        assert inside == dict.fromkeys(reachable, "open"), f"from {member.name}: {inside}"
     table = ssh(head, "nft list table inet provisioner_ray")
     assert table.returncode == 0 and all(s.address in table.stdout for s in servers.values()), table.stdout
+    assert outsider.address not in table.stdout, table.stdout
 
 
 def test_the_dashboard_listens_on_no_address_beyond_loopback(cluster):
@@ -301,9 +374,15 @@ def test_a_stopped_worker_leaves_and_rejoins_and_a_killed_one_is_restarted(clust
     assert int(after) == int(before) + 1
 
 
-def test_smoke_cluster_runs_the_study_on_every_node(cluster):
-    rc, data, errors = cli_json("smoke", "--cluster", "-i", cluster["inventory"])
+def test_smoke_cluster_runs_the_study_on_every_node_and_leaves_out_a_host_outside_the_cluster(cluster):
+    """The documented inventory plus a host in neither group, never provisioned: the run is the
+    members' only, says so, and never reaches the outsider (it has no ML environment)."""
+    rc, data, errors, messages = cli_json("smoke", "--cluster", "-i", cluster["with_outsider"], with_messages=True)
     assert rc == ExitCode.OK, errors
+    left_out = f"smoke --cluster left out {OUTSIDER}: in neither ray_head nor ray_workers, not a member of the Ray cluster"
+    assert left_out in messages, messages
+    assert OUTSIDER not in data["run"]["hosts"], data["run"]["hosts"]
+    assert sorted(data["run"]["hosts"]) == sorted(NAMES), data["run"]["hosts"]
     assert list(data["hosts"]) == [HEAD], "the head drives the run, the workers measure nothing"
     check = next(c for c in data["hosts"][HEAD]["checks"] if c["id"] == "cluster.trials")
     # Correctness decides here: a lost trial, an idle node or a trial on more threads than it
@@ -316,7 +395,7 @@ def test_smoke_cluster_runs_the_study_on_every_node(cluster):
 @pytest.mark.parametrize(
     ("layout", "extra", "named"),
     [
-        ("both", (), "ray-w1 is in both ray_head and ray_workers"),
+        ("both", (), "ry-w1 is in both ray_head and ray_workers"),
         ("no head", (), "ray_workers has hosts but ray_head has none"),
         ("head", ("-e", "ray_node_address=10.9.9.9"), "ray_node_address 10.9.9.9 is not one of"),
         ("head", ("-e", "ray_dashboard_host=0.0.0.0"), "set ray_dashboard_allow_nonlocal: true"),
