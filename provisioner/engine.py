@@ -358,6 +358,8 @@ class _Multiplexer:
 
 def close_masters(directory: Path) -> None:
     for sock in directory.iterdir() if directory.is_dir() else ():
+        if sock.is_dir():
+            continue  # not a master: the caller removes the directory as a whole
         if sock.is_socket():
             # The host name is not needed: the socket is named by ControlPath.
             subprocess.run(
