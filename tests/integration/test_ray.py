@@ -123,7 +123,11 @@ def driver(head: lab.LabServer, *args: str, timeout: int = 180):
     command = shlex.join(["runuser", "-u", "ml", "--", "/opt/mlstack/bin/python", "-c", DRIVER, *args])
     r = ssh(head, command, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    # Ray's driver logs to stdout too (e.g. "[repeated 3x across cluster]" after a worker
+    # restarted): the result is the last line that is JSON.
+    results = [line for line in r.stdout.splitlines() if line.startswith(("[", "{")) and not line.startswith("[repeated")]
+    assert results, f"the driver printed no result: {r.stdout[-3000:]}"
+    return json.loads(results[-1])
 
 
 def verify_ray(inventory: str, limit: str | None = None) -> dict:
