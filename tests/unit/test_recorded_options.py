@@ -126,6 +126,12 @@ PLAYBOOK = """
   vars: {provisioner_applied_options: {plan: {}, hugepages: {hugepages_count: 1}}}
   tasks:
     - {name: record, ansible.builtin.import_role: {name: common, tasks_from: options}}
+- name: The same run ending with the smoke test (no options of its own) changes nothing either
+  hosts: localhost
+  gather_facts: false
+  vars: {provisioner_applied_options: {plan: {}, hugepages: {hugepages_count: 1}, smoke: {}}}
+  tasks:
+    - {name: record, ansible.builtin.import_role: {name: common, tasks_from: options}}
 - name: Check mode writes nothing
   hosts: localhost
   gather_facts: false
@@ -168,12 +174,13 @@ def test_role_common_records_by_role_and_a_later_verb_reads_them(tmp_path):
                           "Record the options of the roles this run applies"]
     assert changed(1) == ["Record the options of the roles this run applies"]
     assert changed(2) == []  # idempotent
-    assert changed(3) == ["Record the options of the roles this run applies"]  # would change, writes nothing
+    assert changed(3) == []  # a role without options is not recorded: the smoke test's run is the same
+    assert changed(4) == ["Record the options of the roles this run applies"]  # would change, writes nothing
     record = config / "options.json"
     assert record.stat().st_mode & 0o777 == 0o600
     assert yaml.safe_load(record.read_text()) == {
         "schema": 1,
-        "roles": {"plan": {}, "storage": {"storage_devices": DEVICES, "storage_level": "raid1"},
+        "roles": {"storage": {"storage_devices": DEVICES, "storage_level": "raid1"},
                   "hugepages": {"hugepages_count": 1}},
     }
     # The recorded options stand in for the run's -e; this command's own -e (raid10) wins.
