@@ -949,5 +949,12 @@ def explain_unreachable(host: str, msg: str, accept_new_host_keys: bool = False)
         )
     if "Could not resolve hostname" in msg:
         return f"{host}: its name does not resolve; set ansible_host to its address in the inventory"
-    first = msg.strip().splitlines()[0] if msg.strip() else "no answer"
-    return f"{host}: unreachable ({first}); check that it is up and that ansible_host/port are right"
+    lines = [line.strip() for line in msg.strip().splitlines() if line.strip()]
+    # Mitogen's "EOF on stream; last 100 lines received:" is followed by what ssh said: that says why.
+    said = lines[-1] if len(lines) > 1 and lines[0].endswith("received:") else (lines[0] if lines else "no answer")
+    if "timed out" in said:
+        return (
+            f"{host}: unreachable ({said if said.startswith('ssh:') else 'ssh: ' + said}); check that it is up and that ansible_host/port are right, "
+            f"or give a slow host more time with --connect-timeout SECONDS (now {connect_timeout()})"
+        )
+    return f"{host}: unreachable ({said}); check that it is up and that ansible_host/port are right"

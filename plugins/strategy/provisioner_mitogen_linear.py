@@ -14,8 +14,8 @@ the code of every template and condition they compile, instead of compiling it a
 task) and fills the filter and test plugin tables once, which each worker inherits.
 PROVISIONER_TEMPLATE_CACHE=off leaves both to Ansible as before (to measure, or to rule them out).
 
-It also makes --accept-new-host-keys work under Mitogen (_host_keys.py says how), in the same
-process before the forks.
+It also makes --accept-new-host-keys work under Mitogen (_host_keys.py says how) and gives the
+connection timeout ssh's meaning (_connect_timeout.py), in the same process before the forks.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def _load_neighbour(stem: str):
 
 template_cache = _load_neighbour("_template_cache")
 _load_neighbour("_host_keys").install(ansible_mitogen.connection)
+# The connection timeout bounds ssh's answer, as under Ansible's ssh connection, not the whole start.
+_load_neighbour("_connect_timeout").install(ansible_mitogen.connection)
 # A host that does not answer is reported after one connection timeout, not one per Python name.
 _load_neighbour("_discovery").install(ansible_mitogen.mixins)
 

@@ -285,3 +285,17 @@ def test_a_key_never_recorded_is_not_called_changed():
 def test_mitogens_password_prompt_is_a_refused_login():
     line = engine.explain_unreachable("web1", "SSH password was requested, but none specified")
     assert line.startswith("web1: SSH login was refused")
+
+
+def test_an_unanswered_host_names_what_ssh_said_and_the_timeout():
+    """Mitogen's message puts ssh's own words after its first line: they are the reason."""
+    line = engine.explain_unreachable(
+        "web1", "Task failed: EOF on stream; last 100 lines received:\nConnection timed out during banner exchange"
+    )
+    assert line.startswith("web1: unreachable (ssh: Connection timed out during banner exchange); check that it is up")
+    assert f"--connect-timeout SECONDS (now {engine.connect_timeout()})" in line and "\n" not in line
+    plain = engine.explain_unreachable("web1", "Failed to connect to the host via ssh: ssh: connect to host 10.1.1.2 port 22: No route to host")
+    assert plain == (
+        "web1: unreachable (Failed to connect to the host via ssh: ssh: connect to host 10.1.1.2 port 22: No route to host); "
+        "check that it is up and that ansible_host/port are right"
+    )

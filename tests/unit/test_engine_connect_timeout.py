@@ -1,0 +1,52 @@
+"""Under Mitogen, the connection timeout bounds ssh's answer (ConnectTimeout, as Ansible's ssh
+connection uses it) and Mitogen's whole start gets more on top (plugins/strategy/_connect_timeout.py).
+Mitogen's own ssh options take the adjusted arguments."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+
+import ansible_mitogen.connection
+import mitogen.parent
+import mitogen.ssh
+
+from provisioner import paths
+
+
+def plugin():
+    spec = importlib.util.spec_from_file_location("provisioner_test_timeout", paths.PLUGINS / "strategy" / "_connect_timeout.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ssh_gets_the_hosts_timeout_and_mitogens_start_more():
+    mod = plugin()
+    kwargs = {"hostname": "h", "connect_timeout": 10, "ssh_args": ["-o", "ConnectTimeout=99", "-F", "cfg"]}
+    out = mod.adjust(kwargs)
+    assert out["ssh_args"] == ["-o", "ConnectTimeout=10", "-o", "ConnectTimeout=99", "-F", "cfg"]
+    assert out["connect_timeout"] == 10 + mod.START_SECONDS
+    assert kwargs["connect_timeout"] == 10  # the caller's dict is left alone
+    # A host's own ansible_timeout (the lab VMs' 60 s) is its ssh's.
+    assert mod.adjust({"connect_timeout": "60", "ssh_args": None})["ssh_args"] == ["-o", "ConnectTimeout=60"]
+    assert mod.adjust({"connect_timeout": None}) == {"connect_timeout": None}
+
+
+def test_installed_it_adjusts_what_mitogens_ssh_connection_is_given():
+    mod = plugin()
+    table = {"ssh": lambda spec: {"method": "ssh", "kwargs": {"hostname": "h", "connect_timeout": 7, "ssh_args": ["-x"]}}}
+    table["smart"] = table["ssh"]
+    fake = types.SimpleNamespace(CONNECTION_METHOD=table)
+    mod.install(fake)
+    mod.install(fake)  # once only
+    stack = table["ssh"](None)
+    assert stack["kwargs"]["ssh_args"] == ["-o", "ConnectTimeout=7", "-x"]
+    assert stack["kwargs"]["connect_timeout"] == 7 + mod.START_SECONDS
+    # Mitogen's ssh options take them as they are: the args go to ssh, the deadline to the start.
+    options = mitogen.ssh.Options(max_message_size=1 << 20, **stack["kwargs"])
+    assert options.ssh_args[:2] == ["-o", "ConnectTimeout=7"] and options.connect_timeout == 37
+    # The real table holds both methods.
+    assert {"ssh", "smart"} <= set(ansible_mitogen.connection.CONNECTION_METHOD)
+    assert mitogen.parent.Options.connect_timeout == 30.0 == mod.START_SECONDS
