@@ -38,11 +38,13 @@ def _require(what: str, reason: str | None) -> None:
 # pv-test and its module fixtures, and tests/host (it changes live kernel values lab servers
 # see), form one unit of work that runs on one worker, in order; every other test (each
 # molecule scenario, the tests with servers of their own, the unit tests) is a unit of its
-# own. (xdist's own xdist_group mark does not take effect with this pytest.)
-SHARED_LAB = ("test_lab.py", "test_storage.py", "test_up.py", "test_interrupt.py", "test_host_tuning.py")
+# own. The shared unit is the suite's longest: what needs no pv-test stays out of it.
+# (xdist's own xdist_group mark does not take effect with this pytest.)
+SHARED_LAB = ("test_lab.py", "test_up.py", "test_interrupt.py", "test_host_tuning.py")
 # Files whose tests share a lab server of their own (a module fixture): one unit each, so the
 # server is booted once, on one worker, beside the shared-lab unit.
 OWN_LAB = (
+    "test_storage.py",  # a server per test (fresh_lab_server), all of its module
     "test_serving.py",
     "test_fleet.py",
     "test_proxy.py",
