@@ -10,8 +10,8 @@ What test_vm.py does not show (it proves RAID0, the initramfs and a reboot throu
 - the drive comes back: up re-adds it (its superblock names the array), the array rebuilds to
   clean, verify passes, and a re-run changes nothing;
 - with the RAID1 stopped by hand and its drives allowed to be wiped, up builds RAID10 (near=2)
-  on all four, XFS aligned to it, fstab and mdadm.conf naming only the new array; a re-run
-  changes nothing.
+  on all four, XFS aligned to it, fstab and mdadm.conf naming only the new array, and its
+  verify passes.
 
 Times of the boot, each run, the reboot and the rebuild are printed (pytest -s).
 """
@@ -217,21 +217,15 @@ def raid10(server, repaired):
     old_uuid = ssh(server, "blkid -s UUID -o value /dev/md/data").strip()
     ssh(server, "umount /data && mdadm --stop /dev/md/data")
     wipe = ["-e", f"storage_wipe_devices=[{','.join(server.drives[:2])}]"]
-    first = up(server, "raid10", server.drives, *wipe, key="RAID10 run", verify=False)
-    second = up(server, "raid10", server.drives, *wipe, key="RAID10 re-run + verify")
-    return first, second, old_uuid
+    # Its verify is the run's own; that a re-run of a built array changes nothing is the RAID1's
+    # above (and test_vm.py's RAID0), not repeated here at a minute and more a run under emulation.
+    return up(server, "raid10", server.drives, *wipe, key="RAID10 run + verify"), old_uuid
 
 
 def test_raid10_replaces_the_stopped_raid1_when_its_drives_may_be_wiped(server, raid10):
-    (rc, _, errors), _, old_uuid = raid10
+    (rc, data, errors), old_uuid = raid10
     assert rc == ExitCode.OK, errors
     array = assert_data_array(server, "raid10", server.drives, CHUNK_KB, data_drives=2)
     assert "Layout : near=2" in array["detail"], array["detail"]
     assert array["uuid"] != old_uuid
-
-
-def test_a_second_raid10_run_changes_nothing_and_verifies(raid10):
-    _, (rc, data, errors), _ = raid10
-    assert rc == ExitCode.OK, errors
-    assert data["hosts"][NAME]["changed"] == 0, data["changes"]
     assert data["verify"]["roles"][NAME]["storage"]["outcome"] == "passed", data["verify"]
