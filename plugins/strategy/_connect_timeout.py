@@ -8,14 +8,14 @@ that answers at once but starts slowly (a busy server, or a busy control node st
 connections at once) that start took longer than the default 10 s, and a live host was
 reported unreachable.
 
-install() gives ssh the host's timeout as ConnectTimeout, as Ansible's connection does, and
+adjust() gives ssh the host's timeout as ConnectTimeout, as Ansible's connection does, and
 Mitogen's start START_SECONDS more on top: a host that does not answer is still reported after
-the timeout (ssh gives up then), one that answers has the time its start needs.
+the timeout (ssh gives up then), one that answers has the time its start needs. The strategy
+puts it on Mitogen's ssh connection methods with _host_keys.wrap_methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 # Mitogen's own deadline for a start when it is given none.
@@ -31,21 +31,3 @@ def adjust(kwargs: dict[str, Any]) -> dict[str, Any]:
     # Ahead of every other argument: ssh keeps the first ConnectTimeout it reads.
     args = ["-o", f"ConnectTimeout={seconds}", *(kwargs.get("ssh_args") or [])]
     return dict(kwargs, ssh_args=args, connect_timeout=seconds + START_SECONDS)
-
-
-def install(connection_module: Any) -> None:
-    """Wrap ansible_mitogen.connection's ssh connection methods (in this process, before the
-    workers fork)."""
-    table = connection_module.CONNECTION_METHOD
-    for name in ("ssh", "smart"):
-        original = table[name]
-        if getattr(original, "provisioner_connect_timeout", False):
-            continue
-
-        def method(spec: Any, _original: Callable[[Any], dict[str, Any]] = original) -> dict[str, Any]:
-            stack = _original(spec)
-            stack["kwargs"] = adjust(stack["kwargs"])
-            return stack
-
-        method.provisioner_connect_timeout = True  # type: ignore[attr-defined]
-        table[name] = method

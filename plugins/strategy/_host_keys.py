@@ -97,6 +97,24 @@ def adjust(kwargs: dict[str, Any], mode: str, scratch: str, lookup: Lookup = kno
     return adjusted
 
 
+def wrap_methods(connection_module: Any, flag: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Wrap ansible_mitogen.connection's ssh connection methods so that CHANGE adjusts the
+    arguments they give Mitogen's ssh connection; FLAG marks the wrapper, which is put on once."""
+    table = connection_module.CONNECTION_METHOD
+    for name in ("ssh", "smart"):
+        original = table[name]
+        if getattr(original, flag, False):
+            continue
+
+        def method(spec: Any, _original: Callable[[Any], dict[str, Any]] = original) -> dict[str, Any]:
+            stack = _original(spec)
+            stack["kwargs"] = change(stack["kwargs"])
+            return stack
+
+        setattr(method, flag, True)
+        table[name] = method
+
+
 def install(connection_module: Any, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
     """Wrap ansible_mitogen.connection's ssh connection methods (in this process, before the
     workers fork) when the run asks for first-seen keys to be accepted."""
@@ -104,16 +122,4 @@ def install(connection_module: Any, environ: dict[str, str] | os._Environ[str] =
     scratch = environ.get(SCRATCH_ENV, "")
     if mode != ACCEPT_NEW:
         return
-    table = connection_module.CONNECTION_METHOD
-    for name in ("ssh", "smart"):
-        original = table[name]
-        if getattr(original, "provisioner_host_keys", False):
-            continue
-
-        def method(spec: Any, _original: Callable[[Any], dict[str, Any]] = original) -> dict[str, Any]:
-            stack = _original(spec)
-            stack["kwargs"] = adjust(stack["kwargs"], mode, scratch)
-            return stack
-
-        method.provisioner_host_keys = True  # type: ignore[attr-defined]
-        table[name] = method
+    wrap_methods(connection_module, "provisioner_host_keys", lambda kwargs: adjust(kwargs, mode, scratch))

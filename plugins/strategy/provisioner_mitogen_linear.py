@@ -49,9 +49,12 @@ def _load_neighbour(stem: str):
 
 
 template_cache = _load_neighbour("_template_cache")
-_load_neighbour("_host_keys").install(ansible_mitogen.connection)
+_host_keys = _load_neighbour("_host_keys")
+_host_keys.install(ansible_mitogen.connection)
 # The connection timeout bounds ssh's answer, as under Ansible's ssh connection, not the whole start.
-_load_neighbour("_connect_timeout").install(ansible_mitogen.connection)
+_host_keys.wrap_methods(
+    ansible_mitogen.connection, "provisioner_connect_timeout", _load_neighbour("_connect_timeout").adjust
+)
 # A host that does not answer is reported after one connection timeout, not one per Python name.
 _load_neighbour("_discovery").install(ansible_mitogen.mixins)
 

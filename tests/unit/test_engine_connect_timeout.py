@@ -14,8 +14,8 @@ import mitogen.ssh
 from provisioner import paths
 
 
-def plugin():
-    spec = importlib.util.spec_from_file_location("provisioner_test_timeout", paths.PLUGINS / "strategy" / "_connect_timeout.py")
+def plugin(stem: str = "_connect_timeout"):
+    spec = importlib.util.spec_from_file_location(f"provisioner_test{stem}", paths.PLUGINS / "strategy" / f"{stem}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -39,8 +39,9 @@ def test_installed_it_adjusts_what_mitogens_ssh_connection_is_given():
     table = {"ssh": lambda spec: {"method": "ssh", "kwargs": {"hostname": "h", "connect_timeout": 7, "ssh_args": ["-x"]}}}
     table["smart"] = table["ssh"]
     fake = types.SimpleNamespace(CONNECTION_METHOD=table)
-    mod.install(fake)
-    mod.install(fake)  # once only
+    wrap = plugin("_host_keys").wrap_methods  # as the strategy puts it on
+    wrap(fake, "provisioner_connect_timeout", mod.adjust)
+    wrap(fake, "provisioner_connect_timeout", mod.adjust)  # once only
     stack = table["ssh"](None)
     assert stack["kwargs"]["ssh_args"] == ["-o", "ConnectTimeout=7", "-x"]
     assert stack["kwargs"]["connect_timeout"] == 7 + mod.START_SECONDS
