@@ -487,9 +487,9 @@ def lab_drive(
 def _lab_drive(name: str, index: int, remove: bool, put_back: bool) -> Result[dict[str, Any]]:
     if remove == put_back:
         raise BadInput("lab drive: give exactly one of --remove and --return")
-    from .lab import vm as lab_vm
+    from . import lab
 
-    changed = lab_vm.set_drive(name, index, present=put_back)
+    changed = lab.set_drive(name, index, present=put_back)
     return Result("lab drive", {"name": name, "drive": index, "present": put_back, "changed": changed})
 
 

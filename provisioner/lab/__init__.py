@@ -27,9 +27,10 @@ Modules:
     processes  systemd-nspawn: command line, start, PID 1, sshd answering, stop
     network    veth addresses, ip_forward and the NAT rule (saved and restored)
     state      LabServer, NAME/state.json, the listing
-    server     up, up_vm, down and the lab lock, composed from the above
+    server     up, up_vm, down, a running VM's drive taken out or put back, and the lab lock,
+               composed from the above
     vm         qemu: the command line, drives and their refusals, accelerator, boot, stop, and
-               drives taken out of a running VM and put back (QMP)
+               the QMP commands that take a drive out of a running VM and put it back
     image      the cached VM disk image: mmdebstrap, the disk, grub installed by one boot
 
 VM layout:
@@ -43,7 +44,7 @@ from __future__ import annotations
 from .common import LabError, missing_requirement
 from .network import NAT_COMMENT
 from .rootfs import ensure_rootfs
-from .server import down, frozen, up, up_vm
+from .server import down, frozen, set_drive, up, up_vm
 from .state import LabServer, list_servers
 from .vm import missing_vm_requirement
 
@@ -57,6 +58,7 @@ __all__ = [
     "list_servers",
     "missing_requirement",
     "missing_vm_requirement",
+    "set_drive",
     "up",
     "up_vm",
 ]

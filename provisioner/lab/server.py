@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner import paths
+from provisioner.errors import ExitCode
 from provisioner.system import locked
 
 from . import network, processes, vm
@@ -290,3 +291,25 @@ def down(name: str) -> bool:
         _failed_console(name).unlink(missing_ok=True)
         network.release_host_network_if_idle()
     return removed
+
+
+def set_drive(name: str, index: int, present: bool) -> bool:
+    """Take drive INDEX of running lab VM NAME out (PRESENT false) or put it back (true).
+
+    True if that changed anything. Refused (LabError) for a server that is not a running VM or
+    a drive it never had.
+    """
+    validate_name(name)
+    server = server_from_state(read_state(name))
+    if server is None or server.kind != "vm" or not server.alive:
+        raise LabError(f"lab VM {name} is not running: start it with lab up {name} --vm --drives N", ExitCode.BAD_INPUT)
+    if not 0 <= index < len(server.drives):
+        raise LabError(
+            f"lab VM {name} has {len(server.drives)} drive(s), numbered 0 to {len(server.drives) - 1}; there is no drive {index}",
+            ExitCode.BAD_INPUT,
+        )
+    serial = server.drives[index].removeprefix(vm.BY_ID_PREFIX)
+    drive = vm.Drive(server.root / f"nvme{index}.qcow2", serial, 0)
+    if present:
+        return vm.return_drive(server.root, drive, index)
+    return vm.remove_drive(server.root, index)

@@ -546,27 +546,3 @@ def return_drive(root: Path, drive: Drive, index: int) -> bool:
             )
         qmp.command("device_add", driver="nvme", serial=drive.serial, drive=_node(index), id=_device(index))
         return True
-
-
-def set_drive(name: str, index: int, present: bool) -> bool:
-    """Take drive INDEX of running lab VM NAME out (PRESENT false) or put it back (true).
-
-    True if that changed anything. Refused (LabError) for a server that is not a running VM or
-    a drive it never had.
-    """
-    from .state import read_state, server_from_state, validate_name
-
-    validate_name(name)
-    server = server_from_state(read_state(name))
-    if server is None or server.kind != "vm" or not server.alive:
-        raise LabError(f"lab VM {name} is not running: start it with lab up {name} --vm --drives N", ExitCode.BAD_INPUT)
-    if not 0 <= index < len(server.drives):
-        raise LabError(
-            f"lab VM {name} has {len(server.drives)} drive(s), numbered 0 to {len(server.drives) - 1}; there is no drive {index}",
-            ExitCode.BAD_INPUT,
-        )
-    serial = server.drives[index].removeprefix(BY_ID_PREFIX)
-    drive = Drive(server.root / f"nvme{index}.qcow2", serial, 0)
-    if present:
-        return return_drive(server.root, drive, index)
-    return remove_drive(server.root, index)

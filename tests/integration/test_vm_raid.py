@@ -28,7 +28,6 @@ from vm_lab import assert_data_array, booted, cli_json, ssh
 
 from provisioner import lab
 from provisioner.errors import ExitCode
-from provisioner.lab import vm
 
 pytestmark = pytest.mark.lab
 
@@ -89,7 +88,7 @@ def raid1(server):
     start = time.monotonic()
     wait_for("the new RAID1's first sync", lambda: clean(server))
     TIMES["RAID1 first sync"] = time.monotonic() - start
-    assert vm.set_drive(NAME, LOST, present=False)
+    assert lab.set_drive(NAME, LOST, present=False)
     wait_for("md notices the pulled drive", lambda: mdstat(server) if "[2/1]" in mdstat(server) else None, timeout=120)
     boot_id = ssh(server, "cat /proc/sys/kernel/random/boot_id").strip()
     start = time.monotonic()
@@ -179,7 +178,7 @@ def _named(data, name: str):
 
 @pytest.fixture(scope="module")
 def repaired(server, degraded_up):
-    assert vm.set_drive(NAME, LOST, present=True)
+    assert lab.set_drive(NAME, LOST, present=True)
     wait_for("the drive back in the VM", lambda: ssh(server, f"ls {server.drives[LOST]}", check=False) or None, 120)
     result = up(server, "raid1", server.drives[:2], key="repair run", verify=False)
     during = mdstat(server)

@@ -25,7 +25,7 @@ def lab_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # What the CLI, the tests, the molecule driver and the benchmarks use of provisioner.lab.
-CALLERS_USE = "LabError LabServer NAT_COMMENT down ensure_rootfs frozen list_servers missing_requirement missing_vm_requirement up up_vm"
+CALLERS_USE = "LabError LabServer NAT_COMMENT down ensure_rootfs frozen list_servers missing_requirement missing_vm_requirement set_drive up up_vm"
 
 
 def test_the_package_offers_what_callers_use() -> None:

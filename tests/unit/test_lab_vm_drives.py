@@ -153,9 +153,9 @@ def test_no_control_socket_names_the_fix(tmp_path: Path) -> None:
 def test_set_drive_refuses_what_is_not_a_running_vm_or_not_its_drive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROVISIONER_LAB_DIR", str(tmp_path / "lab"))
     with pytest.raises(lab.LabError, match=r"lab VM vmb-none is not running: start it with lab up vmb-none --vm") as exc:
-        vm.set_drive("vmb-none", 0, present=False)
+        lab.set_drive("vmb-none", 0, present=False)
     assert exc.value.exit_code == ExitCode.BAD_INPUT
     state.write_state("vmb-two", {"name": "vmb-two", "kind": "vm", "pid": 1, "drives": ["a", "b"]})
     monkeypatch.setattr(state, "is_our_qemu", lambda pid, name: True)
     with pytest.raises(lab.LabError, match=r"lab VM vmb-two has 2 drive\(s\), numbered 0 to 1; there is no drive 2"):
-        vm.set_drive("vmb-two", 2, present=True)
+        lab.set_drive("vmb-two", 2, present=True)
