@@ -53,7 +53,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def before():
-    for knob, path in KNOBS.items():
+    for path in KNOBS.values():
         if not path.exists():
             pytest.skip(f"{path} is missing on this kernel")
     values = {k: read(k) for k in KNOBS}

@@ -91,7 +91,8 @@ def test_an_installed_wheel_plans_this_machine_from_its_own_content(wheel: Path,
 def test_the_collection_builds_and_its_roles_run_in_a_plain_playbook(tmp_path: Path) -> None:
     _run([str(BIN / "ansible-galaxy"), "collection", "build", "--output-path", str(tmp_path), str(ROOT)], tmp_path)
     (tarball,) = tmp_path.glob("provisioner-ml-*.tar.gz")
-    members = tarfile.open(tarball).getnames()
+    with tarfile.open(tarball) as built:
+        members = built.getnames()
     assert "roles/thread_env/tasks/main.yml" in members and "plugins/modules/provisioner_storage.py" in members
     assert not [m for m in members if m.startswith(("tests/", "molecule/", "provisioner/", ".venv"))]
 

@@ -160,7 +160,7 @@ def test_baseline_measures_the_unprovisioned_machine(provisioned):
 
 
 def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
-    rc, out = provisioned["second"]
+    _rc, out = provisioned["second"]
     host = provisioned["server"].name
     smoke = out["smoke"]
     rep = smoke["hosts"][host]

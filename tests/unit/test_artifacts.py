@@ -31,7 +31,7 @@ def test_concurrent_rotations_do_not_trip_over_each_other(tmp_path):
     def rotate():
         try:
             engine.rotate_artifacts(tmp_path, keep=3)
-        except Exception as exc:  # noqa: BLE001 - any exception is the failure
+        except Exception as exc:  # any exception is the failure
             errors.append(exc)
 
     threads = [threading.Thread(target=rotate) for _ in range(8)]

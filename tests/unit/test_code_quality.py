@@ -1,4 +1,5 @@
-"""Lint, format and type checks of the control-node package (configured in pyproject.toml)."""
+"""Lint, format and type checks of the control-node package, and lint of the tests (configured in
+pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ BIN = Path(sys.executable).parent
 @pytest.mark.parametrize(
     "cmd",
     [
-        pytest.param(["ruff", "check", "provisioner", "hatch_build.py"], id="ruff-check"),
+        pytest.param(["ruff", "check", "provisioner", "hatch_build.py", "tests"], id="ruff-check"),
         pytest.param(["ruff", "format", "--check", "provisioner", "hatch_build.py"], id="ruff-format"),
         pytest.param(["mypy"], id="mypy"),
     ],

@@ -51,7 +51,7 @@ def fake_sysfs(root: Path, cores: int, smt: int, packages: int = 1) -> Path:
     (root / "online").parent.mkdir(parents=True, exist_ok=True)
     (root / "online").write_text(f"0-{total - 1}\n")
     for cpu in range(total):
-        thread, rest = divmod(cpu, cores * packages)
+        _thread, rest = divmod(cpu, cores * packages)
         package, core = divmod(rest, cores)
         topo = root / f"cpu{cpu}" / "topology"
         topo.mkdir(parents=True)
@@ -340,7 +340,7 @@ def test_pin_gives_each_trial_its_own_cores():
     assert r.returncode == 0, r.stderr
     rows = [line.split(" ", 3) for line in lines(r.stdout)]
     assert [row[:3] for row in rows] == [["0", "close", "cores"], ["1", "close", "cores"]]
-    first, second = (set(eval(row[3])) for row in rows)  # noqa: S307 - our own printed lists
+    first, second = (set(eval(row[3])) for row in rows)  # our own printed lists
     assert first and second and not first & second
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,10 +42,8 @@ def _up_extravars(monkeypatch, tmp_path: Path, **kwargs) -> dict:
     monkeypatch.setattr(engine, "run_playbook", run_playbook)
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all: {hosts: {web1: {}}}\n")
-    try:
+    with suppress(SystemExit):
         commands.up(inventory, **kwargs)
-    except SystemExit:
-        pass
     return seen
 
 

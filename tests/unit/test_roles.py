@@ -100,7 +100,7 @@ def test_the_record_phase_comes_first_and_runs_with_every_later_phase(role):
     assert files[:2] == ["preflight.yml", "record.yml"], files
     record_tags = set(tasks[1]["tags"])
     assert f"{role}_record" in record_tags
-    for task, phase in zip(tasks, phases):
+    for task, phase in zip(tasks, phases, strict=False):
         if "ansible.builtin.include_tasks" in task:
             assert set(phase["apply"]["tags"]) == set(task["tags"]), f"{role}: {phase['file']}'s tasks lack its tags"
     for task in tasks[2:]:
@@ -130,8 +130,8 @@ SITE_PREFLIGHTS = sorted(
 
 
 def test_site_runs_every_preflight_first():
-    assert SITE_PREFLIGHTS == sorted(r for r in ROLES if (ROOT / "roles" / r / "tasks" / "preflight.yml").exists()
-                                     and r != "smoke")
+    assert sorted(r for r in ROLES if (ROOT / "roles" / r / "tasks" / "preflight.yml").exists()
+                                     and r != "smoke") == SITE_PREFLIGHTS
 
 
 @pytest.mark.parametrize("role", SITE_PREFLIGHTS)
@@ -200,7 +200,7 @@ def test_every_apt_task_runs_under_debians_own_python():
     attribute '_module_fqn'"): the first `provisioner up` of a machine missing a package failed."""
     role_vars = {
         role: load(ROOT / "roles" / role / "vars" / "main.yml") or {}
-        for role in ROLES + ["shared"]
+        for role in [*ROLES, "shared"]
         if (ROOT / "roles" / role / "vars" / "main.yml").exists()
     }
     found, wrong = [], []

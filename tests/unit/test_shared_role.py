@@ -44,7 +44,7 @@ def shared(entry: str, **variables) -> dict:
 
 
 def show(*names: str) -> dict:
-    return {"name": "Show", "ansible.builtin.debug": {"msg": {n: "{{ %s }}" % n for n in names}}}
+    return {"name": "Show", "ansible.builtin.debug": {"msg": {n: f"{{{{ {n} }}}}" for n in names}}}
 
 
 def changed(result: dict) -> list[str]:

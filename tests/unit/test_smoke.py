@@ -524,7 +524,7 @@ def test_wrk_output_is_parsed_with_its_units(script):
 
 
 def test_serving_requests_per_second_are_held_against_the_in_process_rate_times_the_cores(served):
-    base, tuned = served
+    _base, tuned = served
     c = by_id(smoke.evaluate(tuned))
     rps, inproc = c["serving.rps"], tuned["results"]["serving"]["inproc"]["per_s"]
     assert rps.figure == level(tuned, 8)["requests_per_s"]

@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from test_layers import ANSIBLE, TERMINAL, knows
 
 from provisioner import commands, engine, metrics, smoke
 from provisioner.errors import ExitCode
 from provisioner.runs import HostResult, RunResult
 from provisioner.smoke import Check, HostReport, SmokeRun
-
-from test_layers import ANSIBLE, TERMINAL, knows
 
 
 def report(host: str = "web1", mode: str = "tuned", failing: bool = True) -> HostReport:

@@ -211,7 +211,7 @@ def test_mount_uuid_wrong_is_drift_and_unreadable_is_no_evidence(tmp_path, monke
     monkeypatch.setattr(status, "device_uuid", lambda source: "u-1")
     assert probes.measure(check) == ("xfs UUID=u-1 (/dev/md127)", "ok", "")
     monkeypatch.setattr(status, "device_uuid", lambda source: None)
-    live, state, reason = probes.measure(check)
+    _live, state, reason = probes.measure(check)
     assert state == "ok" and "cannot be read here" in reason
 
 

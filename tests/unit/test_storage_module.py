@@ -92,7 +92,7 @@ def test_mdadm_raid0_plans_the_exact_commands():
 
 
 def test_mdadm_raid10_and_raid1_alignment():
-    four = two_blank() + [member("nvme2n1", C, serial="3"), member("nvme3n1", D, serial="4")]
+    four = [*two_blank(), member("nvme2n1", C, serial="3"), member("nvme3n1", D, serial="4")]
     r10 = ps.decide(spec("raid10"), four)
     assert r10["commands"][1]["argv"][5:7] == ["-d", "su=512k,sw=2"]  # 4 drives, 2 copies: 2 data drives
     assert "--chunk=512" in r10["commands"][0]["argv"]
@@ -398,7 +398,7 @@ def test_btrfs_profiles_read_from_images(tmp_path, data, metadata):
     sbs = [ps.parse_btrfs_super(ps.read_at(str(i), ps.BTRFS_SUPER_OFFSET, 4096)) for i in images]
     assert [sb["fsid"] for sb in sbs] == [fsid, fsid]
     assert sorted(sb["devid"] for sb in sbs) == [1, 2] and sbs[0]["num_devices"] == 2 and sbs[0]["label"] == "data"
-    by_devid = {sb["devid"]: str(i) for sb, i in zip(sbs, images)}
+    by_devid = {sb["devid"]: str(i) for sb, i in zip(sbs, images, strict=False)}
     for sb in sbs:  # either member alone can read the chunk tree (metadata is mirrored)
         profiles = ps.btrfs_profiles(by_devid, sb)
         assert profiles["data"] == [data] and profiles["metadata"] == [metadata], profiles
@@ -602,7 +602,7 @@ def test_a_drive_holding_other_data_is_refused_as_the_replacement_unless_it_may_
 def test_a_degraded_array_of_another_layout_is_not_repaired_into_the_request():
     drives = [_running("nvme0n1", A, 0), member("nvme1n1", B)]
     # raid10 requested over an array that is raid1: the normal decision, which refuses the held drive
-    r = ps.decide(spec("raid10"), drives + [member("nvme2n1", C), member("nvme3n1", D)], _degraded(), named="md127")
+    r = ps.decide(spec("raid10"), [*drives, member("nvme2n1", C), member("nvme3n1", D)], _degraded(), named="md127")
     assert r["action"] == "refuse" and "in use by md127" in r["refusals"][0]
     # as many drives as the array has slots, but the array also runs on a drive that is not listed
     r = ps.decide(spec("raid1"), drives, _degraded(("nvme0n1", "nvme9n1"), disks=3), named="md127")

@@ -226,7 +226,7 @@ def test_a_value_the_user_set_and_an_explicit_limit_stay_as_joblib_makes_them():
 
 def test_the_hook_wraps_joblib_once_and_keeps_inner_max_num_threads():
     class Base:
-        MAX_NUM_THREADS_VARS = ["OMP_NUM_THREADS"]
+        MAX_NUM_THREADS_VARS = ("OMP_NUM_THREADS",)
         inner_max_num_threads = None
 
         def _prepare_worker_env(self, n_jobs):
