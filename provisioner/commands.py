@@ -153,7 +153,7 @@ def up(
         errors += outcome.rebooted.errors if outcome.rebooted else []
     if verify_after and not check and outcome.exit_code == ExitCode.OK:
         outcome.verified = run_checks(inv, limit=limit, roles=roles_for_tags(tags, skip_tags), extravars=extravars)
-    if smoke_after and not check and not tags and not skip_tags and outcome.exit_code == ExitCode.OK:
+    if smokes and not check and outcome.exit_code == ExitCode.OK:
         outcome.smoked = measure(
             inv, limit=limit, extravars=extravars, accept_new_host_keys=accept_new_host_keys, on_progress=on_progress
         )

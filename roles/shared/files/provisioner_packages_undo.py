@@ -237,12 +237,13 @@ def undo(
         if not check:
             rc, out = runner(["apt-get", "-y", "-q", verb, *names])
             if rc != 0:
-                raise RuntimeError(f"apt-get {verb} {' '.join(names)} failed: " + out.strip().splitlines()[-1:][0])
+                raise RuntimeError(f"apt-get {verb} {' '.join(names)} failed: " + (out.strip().splitlines() or ["no output"])[-1])
         result["purged" if verb == "purge" else "removed"] = names
         result["changed"] = True
     # The users and groups the packages' scripts created (a system user for a daemon).
     if not keep:
-        users = [u for u in record.get("users_added", {}).get(role, []) if u in accounts(runner, "passwd")]
+        present = accounts(runner, "passwd")
+        users = [u for u in record.get("users_added", {}).get(role, []) if u in present]
         busy = busy_users(runner, users, check=check)
         result["kept"].update({f"user {u}": why for u, why in busy.items()})
         for user in (u for u in users if u not in busy):
