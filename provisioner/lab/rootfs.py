@@ -43,8 +43,8 @@ CUSTOMIZE_HOOKS: tuple[str, ...] = (
 )
 
 # "fresh": a server as the smallest installers leave it. Nothing the product installs itself
-# (python3-apt), nothing masked; only the host keys go, each server makes its own at `up` as
-# a fresh install does at first boot.
+# (python3-apt), nothing masked; the host keys and /etc/hosts go, each server makes its own
+# keys at `up` as a fresh install does at first boot.
 FRESH_INCLUDE: tuple[str, ...] = tuple(p for p in INCLUDE if p != "python3-apt")
 FRESH_HOOKS: tuple[str, ...] = ('rm -f "$1"/etc/ssh/ssh_host_*', 'rm -f "$1"/etc/hosts')
 
