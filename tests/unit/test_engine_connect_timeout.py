@@ -4,22 +4,16 @@ Mitogen's own ssh options take the adjusted arguments."""
 
 from __future__ import annotations
 
-import importlib.util
 import types
 
 import ansible_mitogen.connection
 import mitogen.parent
 import mitogen.ssh
-
-from provisioner import paths
+import plugin_code
 
 
 def plugin(stem: str = "_connect_timeout"):
-    spec = importlib.util.spec_from_file_location(f"provisioner_test{stem}", paths.PLUGINS / "strategy" / f"{stem}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return plugin_code.load("strategy", stem)
 
 
 def test_ssh_gets_the_hosts_timeout_and_mitogens_start_more():
