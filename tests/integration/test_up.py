@@ -184,6 +184,7 @@ def test_up_ends_with_the_smoke_test_against_the_hardware(provisioned):
     # Figures against limits derived from this hardware, each with its derivation.
     for key in ("compute.dgemm_all", "compute.sgemm_one", "gbdt.xgboost", "hpo.parallel", "data.parquet", "inference.p99"):
         c = checks[key]
+        assert c["figure"] is not None and c["limit"] is not None, c
         assert c["figure"] > 0 and c["limit"] > 0 and c["ratio"] == pytest.approx(c["figure"] / c["limit"]), c
         assert c["basis"] and c["status"] in ("pass", "warn", "fail"), c
     assert rep["hardware"]["fp64_flops_per_cycle"] in (4, 8, 16, 32) and rep["hardware"]["clock_ghz"] > 0

@@ -410,7 +410,7 @@ def test_report_escapes_what_hosts_report(raw):
 def test_script_on_the_target_needs_only_the_standard_library():
     script = ROOT / "roles" / "smoke" / "files" / "provisioner_smoke.py"
     top = [ln for ln in script.read_text().splitlines() if ln.startswith(("import ", "from "))]
-    stdlib = {"argparse", "contextlib", "json", "math", "os", "platform", "pwd", "random", "re", "shlex", "shutil", "signal",
+    stdlib = {"argparse", "contextlib", "faulthandler", "json", "math", "os", "platform", "pwd", "random", "re", "shlex", "shutil", "signal",
               "socket", "statistics", "subprocess", "sys", "tempfile", "threading", "time", "urllib", "__future__",
               "typing"}
     assert {ln.split()[1].split(".")[0] for ln in top} <= stdlib

@@ -332,3 +332,48 @@ def test_the_workers_threads_check_catches_a_plain_search_that_oversubscribes(tm
     c = by_id(smoke.evaluate({"mode": "tuned", "threads": 4, "results": {"sklearn": sk}}))["sklearn.threads"]
     assert c.status == smoke.FAIL and c.reason.startswith("oversubscribed"), c.reason
     assert c.figure == 4.0 and "provisioner up --tags mlstack,thread_env" in c.reason
+
+
+CRASHING_LIBRARY = """
+import ctypes, os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+import provisioner_smoke as smoke
+
+
+def after_its_result(p):
+    # A native library whose exit handler aborts, as pyarrow's thread pools can in teardown.
+    import atexit
+    atexit.register(os.abort)
+    return {"measured": 1.5}
+
+
+def before_its_result(p):
+    sys.stderr.write("terminate called without an active exception\\n")
+    sys.stderr.flush()
+    ctypes.string_at(0)  # a native crash inside the measurement
+
+
+smoke.WORKERS.update(after=after_its_result, before=before_its_result)
+sys.exit(smoke.main(sys.argv[1:]))
+"""
+
+
+def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(script, tmp_path):
+    """For real, through the runner: a worker whose library aborts in the interpreter's teardown
+    still hands over what it measured; one that crashes while measuring is an error naming the
+    library's own message and the Python line, not the shell's bare exit status."""
+    import argparse
+    import shutil
+    import sys
+
+    shutil.copy(ROOT / "roles/smoke/files/provisioner_smoke.py", tmp_path / "provisioner_smoke.py")
+    wrapper = tmp_path / "crashing.py"
+    wrapper.write_text(CRASHING_LIBRARY)
+    args = argparse.Namespace(python=sys.executable, profile="quick", mode="baseline", user=None)
+    runner = script.Runner(args, str(wrapper), str(tmp_path), threads=2, trials=2)
+    assert runner.worker("after") == {"measured": 1.5}
+    failed = runner.worker("before")["error"]
+    assert failed.startswith("before: exited -11: terminate called without an active exception; "
+                             "Fatal Python error: Segmentation fault; File "), failed
+    assert failed.endswith('crashing.py", line 17 in before_its_result'), failed
+    assert "in string_at" in failed  # where it crashed, in the library

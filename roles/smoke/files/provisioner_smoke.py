@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import math
 import os
@@ -346,9 +347,22 @@ class Runner:
             return {"error": f"{task}: no result within {PROFILES[self.args.profile]['timeout']} s"}
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
         if r.returncode != 0 or not lines:
-            tail = (r.stderr or r.stdout).strip().splitlines()
-            return {"error": f"{task}: exited {r.returncode}: {tail[-1] if tail else 'no output'}"}
+            return {"error": f"{task}: exited {r.returncode}: {_why_it_stopped(r.stderr or r.stdout)}"}
         return json.loads(lines[-1])
+
+
+def _why_it_stopped(output: str) -> str:
+    """The lines that say why a worker stopped: its last one, and before a shell's bare "Aborted"
+    or "Segmentation fault" the library's own message and the Python line faulthandler named."""
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "no output"
+    said = [ln for ln in lines if ln.startswith(("Fatal Python error", "terminate called", "what():"))]
+    frames = [ln for ln in lines if ln.startswith("File ")]  # faulthandler's, the innermost first
+    # The innermost frame (often a library's) and the innermost of the workload's own code.
+    where = frames[:1] + [ln for ln in frames if "/lib/python" not in ln][:1]
+    tail = [] if frames and lines[-1] in frames else [lines[-1]]
+    return "; ".join(dict.fromkeys([*said, *where, *tail]))
 
 
 def _terminated(signum: int, _frame: Any) -> None:
@@ -2124,8 +2138,13 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("params")
     args = parser.parse_args(argv)
     if args.cmd == "worker":
+        # A native crash (SIGSEGV, SIGABRT) prints the Python stack it happened under to stderr.
+        faulthandler.enable()
         worker(json.loads(args.params))
-        return 0
+        # The result is out: leave without the interpreter's teardown, where native libraries' thread
+        # pools (pyarrow's among them) can abort the process after the measurement is done.
+        sys.stdout.flush()
+        os._exit(0)
     if args.mode == "tuned" and not args.user:
         parser.error("tuned mode needs --user")
     print(json.dumps(run(args)))
