@@ -12,18 +12,25 @@ PACKAGE = Path(__file__).resolve().parents[2] / "provisioner"
 
 
 def imports(module: str) -> set[str]:
-    """Every module a provisioner module imports, anywhere in it (relative ones as provisioner.X)."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    """Every module outside itself a provisioner module (or subpackage: all its files) imports,
+    anywhere in it (relative ones resolved: provisioner.X)."""
+    sub = PACKAGE / module
+    files = sorted(sub.rglob("*.py")) if sub.is_dir() else [PACKAGE / f"{module}.py"]
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = ("provisioner." + (node.module or "")).rstrip(".") if node.level else (node.module or "")
-            found.add(base)
-            if node.level and not node.module:
-                found |= {f"provisioner.{a.name}" for a in node.names}
-    return found
+    for path in files:
+        # The package a relative import in this file starts from ("provisioner.smoke.workloads").
+        here = ["provisioner", *path.relative_to(PACKAGE).parent.parts]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                start = ".".join(here[: len(here) - node.level + 1]) if node.level else ""
+                base = ".".join(p for p in (start, node.module or "") if p)
+                found.add(base)
+                if node.level and not node.module:
+                    found |= {f"{base}.{a.name}" for a in node.names}
+    own = f"provisioner.{module}"
+    return {i for i in found if i != own and not i.startswith(own + ".")}
 
 
 def knows(module: str, *names: str) -> bool:

@@ -1,0 +1,54 @@
+"""A PyTorch MLP training step against torch's own SGEMM rate in the same process.
+
+Runs on the control node. Reads results.mlp: gflops, sgemm_gflops, sgemm_n, samples_per_s,
+step_s, threads, mkl, mkldnn, torch, batch, width; the raw result's mode and threads.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from ..base import _RANK, FAIL, WARN, Check, _problem, grade, span
+
+NAME = "mlp"
+
+MLP_GRADES = (0.4, 0.2)  # an MLP step is mostly GEMMs; below 0.2 the threads or the kernel are wrong
+
+
+def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any]) -> list[Check]:
+    title = "PyTorch MLP training step"
+    problem = _problem("torch.mlp", "pytorch", title, mlp)
+    if problem:
+        return [problem]
+    fig, limit = mlp["gflops"], mlp["sgemm_gflops"]
+    ratio = fig / limit
+    status = grade(ratio, MLP_GRADES)
+    reasons = [f"{ratio:.0%} of torch's SGEMM rate ({mlp['samples_per_s']:,.0f} samples/s)"]
+    want = raw.get("threads") if raw.get("mode") == "tuned" else None
+    if want and mlp.get("threads") != want:
+        status = FAIL
+        reasons.append(f"torch uses {mlp.get('threads')} threads, the plan says {want}")
+    if not (mlp.get("mkl") and mlp.get("mkldnn")):
+        status = max(status, WARN, key=lambda s: _RANK[s])
+        reasons.append(
+            f"MKL {'on' if mlp.get('mkl') else 'off'}, oneDNN {'on' if mlp.get('mkldnn') else 'off'}: not a CPU build with both"
+        )
+    detail = (
+        f"torch {mlp.get('torch')}, {mlp.get('threads')} threads, batch {mlp.get('batch')}, width {mlp.get('width')}, "
+        f"median of {len(mlp.get('step_s', []))}"
+    )
+    basis = f"torch.mm SGEMM n={mlp.get('sgemm_n')} in the same process, same threads"
+    return [Check("torch.mlp", "pytorch", title, status, "; ".join(reasons), fig, "GFLOPS", limit, basis, ratio, detail=detail)]
+
+
+def checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
+    return mlp_checks(raw, result)
+
+
+def spreads(mlp: dict[str, Any]) -> dict[str, list[float] | None]:
+    """GFLOPS of each step: the median step's GFLOPS scaled by its time."""
+    if mlp.get("step_s") and mlp.get("gflops"):
+        mid = statistics.median(mlp["step_s"])
+        return {"torch.mlp": span([mlp["gflops"] * mid / t for t in mlp["step_s"]])}
+    return {}

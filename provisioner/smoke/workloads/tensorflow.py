@@ -1,0 +1,58 @@
+"""A TensorFlow Keras training step against TensorFlow's own SGEMM rate, with oneDNN as TensorFlow reports it.
+
+Runs on the control node. Reads results.tensorflow: gflops, sgemm_gflops, sgemm_n,
+samples_per_s, onednn, onednn_how, tensorflow, intra_op_threads, inter_op_threads,
+threads_how, batch, width; the raw result's mode. Graded like the PyTorch step (MLP_GRADES).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..base import _RANK, FAIL, WARN, Check, _problem, grade
+from .mlp import MLP_GRADES
+
+NAME = "tensorflow"
+
+
+def tensorflow_checks(raw: dict[str, Any], tf: dict[str, Any]) -> list[Check]:
+    """A Keras training step against TensorFlow's own SGEMM rate, with oneDNN in use as TensorFlow says."""
+    title = "TensorFlow Keras training step"
+    problem = _problem("tensorflow.step", "tensorflow", title, tf)
+    if problem:
+        return [problem]
+    fig, limit = tf["gflops"], tf["sgemm_gflops"]
+    ratio = fig / limit
+    status = grade(ratio, MLP_GRADES)
+    reasons = [f"{ratio:.0%} of TensorFlow's SGEMM rate ({tf['samples_per_s']:,.0f} samples/s)"]
+    if tf.get("onednn") is False:
+        status = FAIL if raw.get("mode") == "tuned" else max(status, WARN, key=lambda s: _RANK[s])
+        reasons.append("oneDNN is off (TF_ENABLE_ONEDNN_OPTS=1, role thread_env)")
+    elif tf.get("onednn") is None:
+        status = max(status, WARN, key=lambda s: _RANK[s])
+        reasons.append(f"oneDNN unknown: {tf.get('onednn_how')}")
+    else:
+        reasons.append("oneDNN on")
+    detail = (
+        f"tensorflow {tf.get('tensorflow')}, intra-op {tf.get('intra_op_threads')}, inter-op {tf.get('inter_op_threads')} "
+        f"({tf.get('threads_how')}), batch {tf.get('batch')}, width {tf.get('width')}, oneDNN: {tf.get('onednn_how')}"
+    )
+    return [
+        Check(
+            "tensorflow.step",
+            "tensorflow",
+            title,
+            status,
+            "; ".join(reasons),
+            fig,
+            "GFLOPS",
+            limit,
+            f"tf.matmul SGEMM n={tf.get('sgemm_n')} in the same process, same threads",
+            ratio,
+            detail=detail,
+        )
+    ]
+
+
+def checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
+    return tensorflow_checks(raw, result)

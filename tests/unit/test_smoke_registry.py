@@ -1,0 +1,58 @@
+"""The smoke workloads' registry: every module under provisioner/smoke/workloads is registered once,
+named as the target names its results, with the interface the judgement calls; and the layers stay
+one way (the workload modules import the base and the hardware limits, never what sits above them)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from provisioner import smoke
+from provisioner.smoke.workloads import BY_NAME, WORKLOADS
+
+PACKAGE = Path(smoke.__file__).parent
+MODULES = sorted(p for p in (PACKAGE / "workloads").glob("*.py") if p.name != "__init__.py")
+# What a workload module may import from this package: the layers below the registry.
+BELOW = {"provisioner.smoke.base", "provisioner.smoke.hardware"}
+
+
+def test_every_workload_module_is_registered_once_under_its_file_name():
+    assert sorted(w.NAME for w in WORKLOADS) == sorted(p.stem for p in MODULES)
+    assert len(BY_NAME) == len(WORKLOADS) and all(BY_NAME[w.NAME] is w for w in WORKLOADS)
+    assert all(w.__name__ == f"provisioner.smoke.workloads.{w.NAME}" for w in WORKLOADS)
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.NAME)
+def test_each_workload_has_the_interface_the_judgement_calls(workload):
+    assert list(inspect.signature(workload.checks).parameters) == ["raw", "result"]
+    spreads = getattr(workload, "spreads", None)
+    assert spreads is None or len(inspect.signature(spreads).parameters) == 1
+    doc = inspect.getdoc(workload) or ""
+    assert "control node" in doc and f"results.{workload.NAME}" in doc, doc
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.stem)
+def test_a_workload_imports_only_the_layers_below_the_registry(path):
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = "provisioner.smoke" if node.level == 2 else "provisioner.smoke.workloads"
+            found.add(f"{base}.{node.module}" if node.module else base)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("provisioner"):
+            found.add(str(node.module))
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("provisioner")}
+    siblings = {f"provisioner.smoke.workloads.{p.stem}" for p in MODULES}
+    assert found <= BELOW | siblings, found
+
+
+def test_a_skipped_or_failed_workload_is_one_check_naming_why():
+    raw = {"mode": "tuned", "results": {}}
+    for workload in WORKLOADS:
+        skipped = workload.checks(raw, {"skipped": "not installed"})
+        failed = workload.checks(raw, {"error": "boom"})
+        assert [c.status for c in skipped] == [smoke.SKIP] and skipped[0].reason == "not installed", workload.NAME
+        assert [c.status for c in failed] == [smoke.FAIL] and "boom" in failed[0].reason, workload.NAME
