@@ -353,14 +353,21 @@ def before_its_result(p):
     ctypes.string_at(0)  # a native crash inside the measurement
 
 
-smoke.WORKERS.update(after=after_its_result, before=before_its_result)
+def with_a_process_pool(p):
+    # What GridSearchCV(n_jobs=2) leaves behind: loky's reusable workers, idle, holding stdout.
+    from joblib import Parallel, delayed
+
+    return {"pids": sorted(set(Parallel(n_jobs=2)(delayed(os.getpid)() for _ in range(8))))}
+
+
+smoke.WORKERS.update(after=after_its_result, before=before_its_result, pool=with_a_process_pool)
 sys.exit(smoke.main(sys.argv[1:]))
 """
 
 
 def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(script, tmp_path):
     """For real, through the runner: a worker whose library aborts in the interpreter's teardown
-    still hands over what it measured; one that crashes while measuring is an error naming the
+    still hands over what it measured, with the exit beside it; one that crashes while measuring is an error naming the
     library's own message and the Python line, not the shell's bare exit status."""
     import argparse
     import shutil
@@ -371,9 +378,28 @@ def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(s
     wrapper.write_text(CRASHING_LIBRARY)
     args = argparse.Namespace(python=sys.executable, profile="quick", mode="baseline", user=None)
     runner = script.Runner(args, str(wrapper), str(tmp_path), threads=2, trials=2)
-    assert runner.worker("after") == {"measured": 1.5}
+    after = runner.worker("after")
+    assert after["measured"] == 1.5 and after["exit_after_result"].startswith("exited -6: "), after
     failed = runner.worker("before")["error"]
     assert failed.startswith("before: exited -11: terminate called without an active exception; "
                              "Fatal Python error: Segmentation fault; File "), failed
     assert failed.endswith('crashing.py", line 17 in before_its_result'), failed
     assert "in string_at" in failed  # where it crashed, in the library
+
+
+def test_a_worker_that_used_a_process_pool_returns_with_the_pool_gone(script, tmp_path, monkeypatch):
+    """loky's idle workers inherit the worker's stdout; the worker's normal exit stops them. A
+    worker that left without its interpreter's teardown had the runner wait out their idle
+    timeout (300 s): the sklearn workload took 341 s instead of 8."""
+    import argparse
+    import shutil
+    import sys
+
+    shutil.copy(ROOT / "roles/smoke/files/provisioner_smoke.py", tmp_path / "provisioner_smoke.py")
+    wrapper = tmp_path / "crashing.py"
+    wrapper.write_text(CRASHING_LIBRARY)
+    monkeypatch.setitem(script.PROFILES["quick"], "timeout", 60)  # well under loky's idle timeout
+    args = argparse.Namespace(python=sys.executable, profile="quick", mode="baseline", user=None)
+    result = script.Runner(args, str(wrapper), str(tmp_path), threads=2, trials=2).worker("pool")
+    assert "error" not in result and "exit_after_result" not in result, result
+    assert result["pids"] and all(not Path(f"/proc/{pid}").exists() for pid in result["pids"]), result

@@ -346,9 +346,14 @@ class Runner:
         except subprocess.TimeoutExpired:
             return {"error": f"{task}: no result within {PROFILES[self.args.profile]['timeout']} s"}
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-        if r.returncode != 0 or not lines:
+        if not lines:
             return {"error": f"{task}: exited {r.returncode}: {_why_it_stopped(r.stderr or r.stdout)}"}
-        return json.loads(lines[-1])
+        result = json.loads(lines[-1])
+        if r.returncode != 0:
+            # The measurement is complete; a native library that aborts in the interpreter's teardown
+            # (pyarrow's thread pools can) is said beside it, not taken for a failed workload.
+            result["exit_after_result"] = f"exited {r.returncode}: {_why_it_stopped(r.stderr)}"
+        return result
 
 
 def _why_it_stopped(output: str) -> str:
@@ -2141,10 +2146,9 @@ def main(argv: list[str] | None = None) -> int:
         # A native crash (SIGSEGV, SIGABRT) prints the Python stack it happened under to stderr.
         faulthandler.enable()
         worker(json.loads(args.params))
-        # The result is out: leave without the interpreter's teardown, where native libraries' thread
-        # pools (pyarrow's among them) can abort the process after the measurement is done.
-        sys.stdout.flush()
-        os._exit(0)
+        # A normal exit, never os._exit: the interpreter's teardown is where joblib's loky stops its
+        # worker processes, which otherwise hold this worker's stdout open for their idle timeout.
+        return 0
     if args.mode == "tuned" and not args.user:
         parser.error("tuned mode needs --user")
     print(json.dumps(run(args)))
