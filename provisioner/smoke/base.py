@@ -123,3 +123,16 @@ def _problem(check_id: str, group: str, title: str, result: dict[str, Any]) -> C
 def span(values: list[float]) -> list[float] | None:
     """Lowest and highest of a workload's repeats (None for fewer than two): the run's own noise."""
     return [min(values), max(values)] if len(values) > 1 else None
+
+
+def against_limit(
+    ratio: float, grades: tuple[float, float], reason: str, measured_low: str, advice: str, above: float = 1.0
+) -> tuple[str, str]:
+    """A figure / limit ratio graded, and the reason with what it means: above `above` the limit was
+    measured low (`measured_low` names what), below a pass `advice` says what to look at."""
+    status = grade(ratio, grades)
+    if ratio > above:
+        reason += f": above the limit, so {measured_low} was measured low (a busy host?)"
+    elif status != PASS:
+        reason += f"; {advice}"
+    return status, reason

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import FAIL, INFO, PASS, WARN, Check, _problem, grade
+from ..base import FAIL, INFO, PASS, WARN, Check, _problem, against_limit
 
 NAME = "dataloader"
 
@@ -31,13 +31,16 @@ def dataloader_checks(raw: dict[str, Any], dl: dict[str, Any]) -> list[Check]:
     planned, limit_run, zero = dl["planned"], dl["in_memory"], dl["workers0"]
     fig, limit = planned["samples_per_s"], limit_run["samples_per_s"]
     ratio = fig / limit
-    status = grade(ratio, LOADER_GRADES)
     setup = f"{dl['workers']} worker(s) ({dl['workers_how']}) + {dl['threads']} training thread(s) ({dl['threads_how']})"
     reason = f"{setup}: {ratio:.0%} of the in-memory rate, {fig / zero['samples_per_s']:.2f}x num_workers=0"
-    if ratio > 1.05:
-        reason += ": above the limit, so the in-memory run was measured low (a busy host?)"
-    elif status != PASS:
-        reason += "; the loop waits for data: more loader workers, or fewer training threads beside them"
+    status, reason = against_limit(
+        ratio,
+        LOADER_GRADES,
+        reason,
+        "the in-memory run",
+        "the loop waits for data: more loader workers, or fewer training threads beside them",
+        above=1.05,
+    )
     detail = (
         f"{dl['rows']:,} rows x {dl['features']} in {dl['shards']} snappy shards ({dl['shard_bytes'] / 1e6:.0f} MB) "
         f"on {dl['where']}, batch {dl['batch']}, {dl['epochs']} epoch(s), {dl['network']}; torch {dl['torch']}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import FAIL, INFO, PASS, Check, _problem, grade, span
+from ..base import FAIL, INFO, Check, _problem, against_limit, span
 
 NAME = "features"
 
@@ -34,12 +34,14 @@ def features_checks(raw: dict[str, Any], fe: dict[str, Any]) -> list[Check]:
     if "rows_per_s" in one and threads > 1:
         limit = one["rows_per_s"] * threads / 1e6
         ratio = fig / limit
-        status = grade(ratio, FEATURES_GRADES)
         reason = f"1 -> {threads} threads: {pol['rows_per_s'] / one['rows_per_s']:.2f}x ({ratio:.0%} of linear)"
-        if ratio > 1.0:
-            reason += ": above the limit, so the one-thread run was measured low (a busy host?)"
-        elif status != PASS:
-            reason += "; more threads barely help: POLARS_MAX_THREADS below the cores, or other work on them"
+        status, reason = against_limit(
+            ratio,
+            FEATURES_GRADES,
+            reason,
+            "the one-thread run",
+            "more threads barely help: POLARS_MAX_THREADS below the cores, or other work on them",
+        )
         basis = f"Polars on one thread ({one['rows_per_s'] / 1e6:.3g} M rows/s, POLARS_MAX_THREADS=1) x {threads} threads"
         check = Check(
             "features.polars",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import FAIL, PASS, Check, _problem, grade, number
+from ..base import FAIL, PASS, Check, _problem, against_limit, number
 
 NAME = "matrix"
 
@@ -59,12 +59,14 @@ def matrix_checks(raw: dict[str, Any], mx: dict[str, Any]) -> list[Check]:
         )
     )
     ratio = mx["cv_gflops"] / mx["sgemm_gflops"]
-    status = grade(ratio, MATRIX_GRADES)
     reason = f"{ratio:.0%} of the SGEMM rate, {mx['folds']} folds in {mx['cv_s']:.2f} s (R² {r2 if r2 is None else round(r2, 3)})"
-    if ratio > 1.0:
-        reason += ": above the limit, so the SGEMM rate was measured low (a busy host?)"
-    elif status != PASS:
-        reason += "; the Gram matrices are GEMMs: check the BLAS kernel and the thread count"
+    status, reason = against_limit(
+        ratio,
+        MATRIX_GRADES,
+        reason,
+        "the SGEMM rate",
+        "the Gram matrices are GEMMs: check the BLAS kernel and the thread count",
+    )
     out.append(
         Check(
             "matrix.cv",

@@ -16,15 +16,26 @@ NAME = "mlp"
 MLP_GRADES = (0.4, 0.2)  # an MLP step is mostly GEMMs; below 0.2 the threads or the kernel are wrong
 
 
+def step_against_sgemm(step: dict[str, Any], whose: str) -> tuple[float, float, float, str, list[str]]:
+    """A training step's GFLOPS against `whose` own SGEMM rate in the same process (PyTorch's, and
+    TensorFlow's): the figure, the limit, their ratio, its grade and the reason's first part."""
+    fig, limit = step["gflops"], step["sgemm_gflops"]
+    ratio = fig / limit
+    return (
+        fig,
+        limit,
+        ratio,
+        grade(ratio, MLP_GRADES),
+        [f"{ratio:.0%} of {whose} SGEMM rate ({step['samples_per_s']:,.0f} samples/s)"],
+    )
+
+
 def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any]) -> list[Check]:
     title = "PyTorch MLP training step"
     problem = _problem("torch.mlp", "pytorch", title, mlp)
     if problem:
         return [problem]
-    fig, limit = mlp["gflops"], mlp["sgemm_gflops"]
-    ratio = fig / limit
-    status = grade(ratio, MLP_GRADES)
-    reasons = [f"{ratio:.0%} of torch's SGEMM rate ({mlp['samples_per_s']:,.0f} samples/s)"]
+    fig, limit, ratio, status, reasons = step_against_sgemm(mlp, "torch's")
     want = raw.get("threads") if raw.get("mode") == "tuned" else None
     if want and mlp.get("threads") != want:
         status = FAIL

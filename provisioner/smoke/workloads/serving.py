@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import FAIL, INFO, PASS, WARN, Check, _problem, grade, span
+from ..base import FAIL, INFO, PASS, WARN, Check, _problem, against_limit, span
 
 NAME = "serving"
 
@@ -78,15 +78,17 @@ def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
     if inproc:
         limit = inproc * cores
         ratio = rps / limit
-        status = grade(ratio, SERVING_GRADES)
         reason = (
             f"{ratio:.0%} of the in-process rate x {cores} cores (the HTTP layer and the load generator on the same "
             f"cores take the rest); p50 {p50:.2f} ms"
         )
-        if ratio > 1.0:
-            reason += ": above the limit, so the in-process rate was measured low (a busy host?)"
-        elif status != PASS:
-            reason += "; too few workers, threads fighting over the cores, or a worker off its CPU slice"
+        status, reason = against_limit(
+            ratio,
+            SERVING_GRADES,
+            reason,
+            "the in-process rate",
+            "too few workers, threads fighting over the cores, or a worker off its CPU slice",
+        )
         basis = (
             f"the in-process predict rate through the server's loader and predict path ({inproc:,.0f}/s, one thread) "
             f"x {cores} physical cores"

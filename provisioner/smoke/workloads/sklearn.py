@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import FAIL, INFO, PASS, SKIP, Check, _problem, grade, span
+from ..base import FAIL, INFO, PASS, SKIP, Check, _problem, against_limit, span
 
 NAME = "sklearn"
 
@@ -35,12 +35,14 @@ def sklearn_checks(raw: dict[str, Any], sk: dict[str, Any]) -> list[Check]:
     fig, one = forest["all"]["row_trees_per_s"] / 1e6, forest["one"]["row_trees_per_s"] / 1e6
     limit = one * cores
     ratio = fig / limit
-    status = grade(ratio, SKLEARN_FOREST_GRADES)
     reason = f"n_jobs {forest['all']['n_jobs']}: 1 -> {cores} cores {fig / one:.1f}x ({ratio:.0%} of linear)"
-    if ratio > 1.0:
-        reason += ": above the limit, so the one-core fit was measured low (a busy host?)"
-    elif status != PASS:
-        reason += "; the trees are independent, so n_jobs below the cores or threads fighting over them"
+    status, reason = against_limit(
+        ratio,
+        SKLEARN_FOREST_GRADES,
+        reason,
+        "the one-core fit",
+        "the trees are independent, so n_jobs below the cores or threads fighting over them",
+    )
     out.append(
         Check(
             "sklearn.forest",
@@ -61,15 +63,17 @@ def sklearn_checks(raw: dict[str, Any], sk: dict[str, Any]) -> list[Check]:
     workers = g["n_jobs"] if isinstance(g["n_jobs"], int) else 1
     limit = g["sequential_per_min"] * min(workers, g["candidates"] * g["folds"])
     ratio = g["parallel_per_min"] / limit
-    status = grade(ratio, SKLEARN_GRID_GRADES)
     reason = (
         f"n_jobs {g['n_jobs']} ({g['n_jobs_how']}): {g['parallel_per_min'] / g['sequential_per_min']:.2f}x "
         f"the sequential search ({ratio:.0%} of linear)"
     )
-    if ratio > 1.0:
-        reason += ": above the limit, so the sequential search was measured low (a busy host?)"
-    elif status != PASS:
-        reason += "; parallel fits lose to sequential ones: each loky worker's BLAS threads must be cores / n_jobs"
+    status, reason = against_limit(
+        ratio,
+        SKLEARN_GRID_GRADES,
+        reason,
+        "the sequential search",
+        "parallel fits lose to sequential ones: each loky worker's BLAS threads must be cores / n_jobs",
+    )
     out.append(
         Check(
             "sklearn.grid",

@@ -2,15 +2,15 @@
 
 Runs on the control node. Reads results.tensorflow: gflops, sgemm_gflops, sgemm_n,
 samples_per_s, onednn, onednn_how, tensorflow, intra_op_threads, inter_op_threads,
-threads_how, batch, width; the raw result's mode. Graded like the PyTorch step (MLP_GRADES).
+threads_how, batch, width; the raw result's mode. Graded like the PyTorch step (mlp.MLP_GRADES).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..base import _RANK, FAIL, WARN, Check, _problem, grade
-from .mlp import MLP_GRADES
+from ..base import _RANK, FAIL, WARN, Check, _problem
+from .mlp import step_against_sgemm
 
 NAME = "tensorflow"
 
@@ -21,10 +21,7 @@ def tensorflow_checks(raw: dict[str, Any], tf: dict[str, Any]) -> list[Check]:
     problem = _problem("tensorflow.step", "tensorflow", title, tf)
     if problem:
         return [problem]
-    fig, limit = tf["gflops"], tf["sgemm_gflops"]
-    ratio = fig / limit
-    status = grade(ratio, MLP_GRADES)
-    reasons = [f"{ratio:.0%} of TensorFlow's SGEMM rate ({tf['samples_per_s']:,.0f} samples/s)"]
+    fig, limit, ratio, status, reasons = step_against_sgemm(tf, "TensorFlow's")
     if tf.get("onednn") is False:
         status = FAIL if raw.get("mode") == "tuned" else max(status, WARN, key=lambda s: _RANK[s])
         reasons.append("oneDNN is off (TF_ENABLE_ONEDNN_OPTS=1, role thread_env)")
