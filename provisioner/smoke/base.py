@@ -53,7 +53,7 @@ class HostReport:
 
     @property
     def status(self) -> str:
-        return max((c.status for c in self.checks), key=lambda s: _RANK[s], default=PASS)
+        return worst(*(c.status for c in self.checks))
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in (PASS, WARN, FAIL, SKIP, INFO)}
@@ -104,6 +104,11 @@ def number(value: float | None) -> str:
     if value is None:
         return ""
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.3g}"
+
+
+def worst(*statuses: str) -> str:
+    """The most serious of these statuses (pass, info and skip rank alike); pass for none."""
+    return max(statuses, key=lambda s: _RANK[s], default=PASS)
 
 
 def grade(ratio: float, grades: tuple[float, float]) -> str:

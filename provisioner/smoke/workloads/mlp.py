@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..base import _RANK, FAIL, WARN, Check, _problem, grade, span
+from ..base import FAIL, WARN, Check, _problem, grade, span, worst
 
 NAME = "mlp"
 
@@ -41,7 +41,7 @@ def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any]) -> list[Check]:
         status = FAIL
         reasons.append(f"torch uses {mlp.get('threads')} threads, the plan says {want}")
     if not (mlp.get("mkl") and mlp.get("mkldnn")):
-        status = max(status, WARN, key=lambda s: _RANK[s])
+        status = worst(status, WARN)
         reasons.append(
             f"MKL {'on' if mlp.get('mkl') else 'off'}, oneDNN {'on' if mlp.get('mkldnn') else 'off'}: not a CPU build with both"
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import _RANK, FAIL, WARN, Check, _problem
+from ..base import FAIL, WARN, Check, _problem, worst
 from .mlp import step_against_sgemm
 
 NAME = "tensorflow"
@@ -23,10 +23,10 @@ def tensorflow_checks(raw: dict[str, Any], tf: dict[str, Any]) -> list[Check]:
         return [problem]
     fig, limit, ratio, status, reasons = step_against_sgemm(tf, "TensorFlow's")
     if tf.get("onednn") is False:
-        status = FAIL if raw.get("mode") == "tuned" else max(status, WARN, key=lambda s: _RANK[s])
+        status = FAIL if raw.get("mode") == "tuned" else worst(status, WARN)
         reasons.append("oneDNN is off (TF_ENABLE_ONEDNN_OPTS=1, role thread_env)")
     elif tf.get("onednn") is None:
-        status = max(status, WARN, key=lambda s: _RANK[s])
+        status = worst(status, WARN)
         reasons.append(f"oneDNN unknown: {tf.get('onednn_how')}")
     else:
         reasons.append("oneDNN on")
