@@ -365,10 +365,9 @@ sys.exit(smoke.main(sys.argv[1:]))
 """
 
 
-def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(script, tmp_path):
-    """For real, through the runner: a worker whose library aborts in the interpreter's teardown
-    still hands over what it measured, with the exit beside it; one that crashes while measuring is an error naming the
-    library's own message and the Python line, not the shell's bare exit status."""
+@pytest.fixture
+def crashing_runner(script, tmp_path):
+    """The real runner, starting real worker processes of the real script with the tasks above."""
     import argparse
     import shutil
     import sys
@@ -377,7 +376,15 @@ def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(s
     wrapper = tmp_path / "crashing.py"
     wrapper.write_text(CRASHING_LIBRARY)
     args = argparse.Namespace(python=sys.executable, profile="quick", mode="baseline", user=None)
-    runner = script.Runner(args, str(wrapper), str(tmp_path), threads=2, trials=2)
+    return script.Runner(args, str(wrapper), str(tmp_path), threads=2, trials=2)
+
+
+def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(crashing_runner):
+    """For real, through the runner: a worker whose library aborts in the interpreter's teardown
+    still hands over what it measured, with the exit beside it; one that crashes while measuring
+    is an error naming the library's own message and the Python line, not the shell's bare exit
+    status."""
+    runner = crashing_runner
     after = runner.worker("after")
     assert after["measured"] == 1.5 and after["exit_after_result"].startswith("exited -6: "), after
     failed = runner.worker("before")["error"]
@@ -387,19 +394,11 @@ def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(s
     assert "in string_at" in failed  # where it crashed, in the library
 
 
-def test_a_worker_that_used_a_process_pool_returns_with_the_pool_gone(script, tmp_path, monkeypatch):
+def test_a_worker_that_used_a_process_pool_returns_with_the_pool_gone(script, crashing_runner, monkeypatch):
     """loky's idle workers inherit the worker's stdout; the worker's normal exit stops them. A
     worker that left without its interpreter's teardown had the runner wait out their idle
     timeout (300 s): the sklearn workload took 341 s instead of 8."""
-    import argparse
-    import shutil
-    import sys
-
-    shutil.copy(ROOT / "roles/smoke/files/provisioner_smoke.py", tmp_path / "provisioner_smoke.py")
-    wrapper = tmp_path / "crashing.py"
-    wrapper.write_text(CRASHING_LIBRARY)
     monkeypatch.setitem(script.PROFILES["quick"], "timeout", 60)  # well under loky's idle timeout
-    args = argparse.Namespace(python=sys.executable, profile="quick", mode="baseline", user=None)
-    result = script.Runner(args, str(wrapper), str(tmp_path), threads=2, trials=2).worker("pool")
+    result = crashing_runner.worker("pool")
     assert "error" not in result and "exit_after_result" not in result, result
     assert result["pids"] and all(not Path(f"/proc/{pid}").exists() for pid in result["pids"]), result
