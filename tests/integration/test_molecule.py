@@ -14,11 +14,38 @@ pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
+# What every scenario shares; molecule finds it at the repository's root.
+BASE = ROOT / ".config" / "molecule" / "config.yml"
+
+
+def scenario_config(scenario: str) -> dict:
+    """The scenario's configuration as molecule reads it: its molecule.yml merged over the base
+    by molecule's own merge (mappings key by key; a list or a value replaces the base's)."""
+    from molecule.util import merge_dicts
+
+    return merge_dicts(yaml.safe_load(BASE.read_text()), own_config(scenario))
+
+
+def own_config(scenario: str) -> dict:
+    return yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text())
+
+
+def repeats(base: object, own: object, path: str = "") -> list[str]:
+    """The settings of OWN that only repeat the base's value."""
+    if isinstance(base, dict) and isinstance(own, dict):
+        return [r for k, v in own.items() if k in base for r in repeats(base[k], v, f"{path}.{k}")]
+    return [path] if base == own else []
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_scenario_sets_only_what_differs(scenario):
+    # Shared settings live once, in the base, so a change to them reaches every scenario.
+    assert repeats(yaml.safe_load(BASE.read_text()), own_config(scenario)) == []
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenario_sequence_proves_the_role(scenario):
-    sequence = yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text())["scenario"]["test_sequence"]
+    sequence = scenario_config(scenario)["scenario"]["test_sequence"]
     # check mode on a fresh server, then converge, a second run with changed=0, testinfra.
     assert sequence.index("check") < sequence.index("converge") < sequence.index("idempotence") < sequence.index("verify")
 
@@ -54,6 +81,6 @@ def test_molecule(scenario, lab_requirements):
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenario_checks_host_keys_and_keeps_no_mux(scenario):
-    env = yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text())["provisioner"]["env"]
+    env = scenario_config(scenario)["provisioner"]["env"]
     assert env["ANSIBLE_HOST_KEY_CHECKING"] == "True"
     assert "ControlMaster=no" in env["ANSIBLE_SSH_ARGS"] and "StrictHostKeyChecking=yes" in env["ANSIBLE_SSH_ARGS"]
