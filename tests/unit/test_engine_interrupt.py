@@ -122,9 +122,9 @@ def test_the_run_is_killed_once_the_grace_is_over(handlers, monkeypatch):
     assert handlers.cancel() is False, "no signal: the run goes on"
     handlers.running = True
     os.kill(os.getpid(), signal.SIGTERM)
-    monkeypatch.setattr(engine, "INTERRUPT_GRACE_SECONDS", 3600.0)
+    monkeypatch.setattr(engine.interrupt, "INTERRUPT_GRACE_SECONDS", 3600.0)
     assert handlers.cancel() is False, "within the grace ansible-playbook ends itself"
-    monkeypatch.setattr(engine, "INTERRUPT_GRACE_SECONDS", 0.0)
+    monkeypatch.setattr(engine.interrupt, "INTERRUPT_GRACE_SECONDS", 0.0)
     assert handlers.cancel() is True, "then ansible-runner kills the run's group"
 
 

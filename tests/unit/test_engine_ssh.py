@@ -38,7 +38,7 @@ def test_forks_override_wins_and_bad_values_are_refused():
 def test_ssh_args_reuse_one_master_per_host_in_a_short_private_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("PROVISIONER_STATE_DIR", "/var/tmp/pv")
     mux = engine._Multiplexer()
-    monkeypatch.setattr(engine, "_MUX", mux)
+    monkeypatch.setattr(engine.ssh, "_MUX", mux)
     try:
         env = engine._run_env(accept_new_host_keys=False)
         args = env["ANSIBLE_SSH_ARGS"]
@@ -142,7 +142,7 @@ def test_testinfra_reads_the_same_masters_while_verify_runs(monkeypatch):
 
     monkeypatch.setenv("PROVISIONER_STATE_DIR", "/var/tmp/pv")
     mux = engine._Multiplexer()
-    monkeypatch.setattr(engine, "_MUX", mux)
+    monkeypatch.setattr(engine.ssh, "_MUX", mux)
     monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
     try:
         with engine.shared_ssh_masters():
@@ -257,7 +257,7 @@ def test_the_wrapper_is_installed_only_when_asked_and_once():
 def test_the_run_tells_the_strategy_to_accept_new_keys_and_where_a_check_keeps_them(monkeypatch):
     monkeypatch.setenv("PROVISIONER_STATE_DIR", "/var/tmp/pv")
     mux = engine._Multiplexer()
-    monkeypatch.setattr(engine, "_MUX", mux)
+    monkeypatch.setattr(engine.ssh, "_MUX", mux)
     try:
         assert "PROVISIONER_HOST_KEYS" not in engine._run_env(False, "site.yml", check=True)
         real = engine._run_env(True, "site.yml")
