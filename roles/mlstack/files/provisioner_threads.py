@@ -23,12 +23,14 @@ Cost at start-up: one environment look-up; joblib is patched only when it is imp
 
 from __future__ import annotations
 
+import contextlib  # typing imports it anyway: no start-up cost of its own
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from importlib.abc import Loader
 
 MARKER = "PROVISIONER_THREADS"
 SETTINGS_FILE = "/etc/provisioner/threads.conf"
@@ -113,17 +115,17 @@ def patch(module) -> bool:
     """Wrap ParallelBackendBase._prepare_worker_env of joblib's module `module` (once)."""
     base = getattr(module, "ParallelBackendBase", None)
     original = getattr(base, "_prepare_worker_env", None)
-    if original is None or getattr(original, "_provisioner_share", False):
+    if base is None or original is None or getattr(original, "_provisioner_share", False):
         return False
 
-    def _prepare_worker_env(self, n_jobs):  # noqa: ANN001, ANN202 - joblib's signature
+    def _prepare_worker_env(self, n_jobs):  # joblib's signature
         env = original(self, n_jobs)
         if getattr(self, "inner_max_num_threads", None) is not None:
             return env  # the caller chose the workers' threads
         try:
             return worker_env(env, os.environ, int(n_jobs), read_settings(),
                               tuple(getattr(self, "MAX_NUM_THREADS_VARS", ())))
-        except Exception:  # noqa: BLE001 - never break a user's job over its thread count
+        except Exception:  # never break a user's job over its thread count
             return env
 
     _prepare_worker_env._provisioner_share = True  # type: ignore[attr-defined]
@@ -134,27 +136,25 @@ def patch(module) -> bool:
 class _Loader:
     """The real loader of joblib._parallel_backends, then the patch."""
 
-    def __init__(self, loader) -> None:  # noqa: ANN001
+    def __init__(self, loader) -> None:
         self._loader = loader
 
-    def create_module(self, spec):  # noqa: ANN001, ANN201
+    def create_module(self, spec):
         return self._loader.create_module(spec)
 
-    def exec_module(self, module) -> None:  # noqa: ANN001
+    def exec_module(self, module) -> None:
         self._loader.exec_module(module)
-        try:
+        with contextlib.suppress(Exception):  # joblib works as it always did
             patch(module)
-        except Exception:  # noqa: BLE001 - joblib works as it always did
-            pass
 
-    def __getattr__(self, name: str):  # noqa: ANN204 - get_source, is_package, ...
+    def __getattr__(self, name: str):  # get_source, is_package, ...
         return getattr(self._loader, name)
 
 
 class _Finder:
     """A meta path finder that only wraps the loader of joblib._parallel_backends."""
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001, ANN201
+    def find_spec(self, fullname, path=None, target=None):
         if fullname != TARGET:
             return None
         for finder in sys.meta_path:
@@ -163,7 +163,7 @@ class _Finder:
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = cast("Loader", _Loader(spec.loader))  # delegates all but exec_module
                 return spec
         return None
 
@@ -179,7 +179,5 @@ def install() -> None:
         sys.meta_path.insert(0, _Finder())
 
 
-try:
+with contextlib.suppress(Exception):  # a start-up hook must never stop an interpreter
     install()
-except Exception:  # noqa: BLE001 - a start-up hook must never stop an interpreter
-    pass

@@ -160,14 +160,14 @@ def stop(pids: Iterable[str], wait: float = 5.0) -> None:
     import signal
     import time
 
-    pids = [int(p) for p in pids]
-    for pid in pids:
+    numbers = [int(p) for p in pids]
+    for pid in numbers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in numbers):
         time.sleep(0.1)
-    for pid in pids:
+    for pid in numbers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -224,6 +224,7 @@ def undo(
         raise RuntimeError("cannot read dpkg's database: " + out.strip())
     chosen, skipped = candidates(record, role, dpkg_states(out.splitlines()))
     result["kept"].update(skipped)
+    held: dict[str, str]
     if keep:
         result["kept"].update({n: "kept on purpose" for n in chosen})
         chosen, held = [], {}

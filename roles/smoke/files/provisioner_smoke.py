@@ -204,7 +204,7 @@ class ClockSampler:
             if mhz:
                 self.samples.append(mhz)
 
-    def __enter__(self) -> "ClockSampler":
+    def __enter__(self) -> ClockSampler:
         self._thread.start()
         return self
 
@@ -384,7 +384,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with open(args.plan, encoding="utf-8") as f:
                 plan_doc = json.load(f)
         except (OSError, ValueError) as exc:
-            raise SystemExit(f"no plan at {args.plan} ({exc}): run provisioner up first")
+            raise SystemExit(f"no plan at {args.plan} ({exc}): run provisioner up first") from None
         plan = plan_doc.get("values", {})
         serving_plan = plan_doc.get("serving")
     cpu = cpu_info()
@@ -1052,7 +1052,7 @@ def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple
         import xgboost as xgb
 
         class Mark(xgb.callback.TrainingCallback):
-            def after_iteration(self, model, epoch, evals_log) -> bool:  # noqa: ANN001
+            def after_iteration(self, model, epoch, evals_log) -> bool:
                 marks.append(time.perf_counter())
                 return False
 
@@ -1070,15 +1070,15 @@ def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple
                   "max_bin": 255, "force_col_wise": True}
         if threads:
             params["num_threads"] = threads
-        d = lgb.Dataset(x, label=y, params={"verbose": -1, "max_bin": 255})
-        d.construct()
+        ds = lgb.Dataset(x, label=y, params={"verbose": -1, "max_bin": 255})
+        ds.construct()
         t0 = time.perf_counter()
-        lgb.train(params, d, num_boost_round=trees, callbacks=[lambda env: marks.append(time.perf_counter())])
+        lgb.train(params, ds, num_boost_round=trees, callbacks=[lambda env: marks.append(time.perf_counter())])
     else:
         import catboost as cb
 
         class CbMark:
-            def after_iteration(self, info) -> bool:  # noqa: ANN001
+            def after_iteration(self, info) -> bool:
                 marks.append(time.perf_counter())
                 return True
 
@@ -1192,6 +1192,7 @@ def _trial(args: tuple[dict[str, Any], int | None, int, int, str]) -> float:
     import numpy as np
 
     x, y = _trial_data(rows)
+    pred: Any  # the probabilities, as an array of whichever library
     if lib == "lightgbm":
         import lightgbm as lgb
 
@@ -1210,9 +1211,9 @@ def _trial(args: tuple[dict[str, Any], int | None, int, int, str]) -> float:
 
         extra = {"nthread": threads} if threads else {}
         mapped = {"max_depth": params["max_depth"], "learning_rate": params["learning_rate"]}
-        booster = xgb.train({"tree_method": "hist", "objective": "binary:logistic", **mapped, **extra},
-                            xgb.DMatrix(x, label=y), num_boost_round=trees)
-        pred = booster.predict(xgb.DMatrix(x[:10000]))
+        xgb_booster = xgb.train({"tree_method": "hist", "objective": "binary:logistic", **mapped, **extra},
+                                xgb.DMatrix(x, label=y), num_boost_round=trees)
+        pred = xgb_booster.predict(xgb.DMatrix(x[:10000]))
     eps = 1e-7
     return float(-np.mean(y[:10000] * np.log(pred + eps) + (1 - y[:10000]) * np.log(1 - pred + eps)))
 
@@ -1447,7 +1448,7 @@ def w_cluster(p: dict[str, Any]) -> dict[str, Any]:
             for t, ref in zip(asked, refs, strict=True):
                 try:
                     r = ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 - a lost trial is the finding
+                except Exception as exc:  # a lost trial is the finding
                     study.tell(t, state=optuna.trial.TrialState.FAIL)
                     errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                     continue
@@ -1599,7 +1600,8 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
 
     for _ in range(50):
         once()
-    rates, lat_us = [], []
+    rates: list[float] = []
+    lat_us: list[float] = []
     for _ in range(3):
         lat = []
         t_start = time.perf_counter()
@@ -1716,7 +1718,7 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
 
     workers, how = _planned(p, "joblib_workers", cores, "the physical cores")
     gx, gy = _data(s["sklearn_grid_rows"], 64, seed=22)
-    grid = {"hidden_layer_sizes": [(64,), (128,)], "alpha": [1e-4, 1e-2]}
+    grid: dict[str, list[Any]] = {"hidden_layer_sizes": [(64,), (128,)], "alpha": [1e-4, 1e-2]}
     fits = len(grid["hidden_layer_sizes"]) * len(grid["alpha"]) * s["sklearn_folds"]
     record = os.path.join(p["workdir"], "sklearn-threads")
     base = MLPClassifier(max_iter=s["sklearn_grid_iter"], random_state=0)
@@ -2116,7 +2118,7 @@ def worker(params: dict[str, Any]) -> None:
             result = _missing("numpy", "core")
         else:
             result = WORKERS[task](params)
-    except Exception as exc:  # noqa: BLE001 - one failed workload must not hide the others
+    except Exception as exc:  # one failed workload must not hide the others
         result = {"error": f"{task}: {type(exc).__name__}: {exc}"}
     print(json.dumps(result))
 
