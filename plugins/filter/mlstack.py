@@ -14,7 +14,7 @@ try:
     from provisioner import bundle
     from provisioner.errors import ProvisionerError
 except ImportError as exc:  # pragma: no cover - only outside provisioner's environment
-    bundle = None
+    bundle = None  # type: ignore[assignment]  # _need_bundle() raises before any use
     _IMPORT_ERROR = str(exc)
 
 

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: provisioner contributors
 # Apache License 2.0 (see pyproject.toml)
 """Helpers the provisioner modules share: files below a root, numbers, commands, mount tables.
@@ -23,9 +22,9 @@ def path_in(root, path):
 def read_text(root, path, default=None):
     """The text of ``path`` below ``root``, or ``default`` when it cannot be read."""
     try:
-        with open(path_in(root, path), "r", encoding="utf-8", errors="replace") as handle:
+        with open(path_in(root, path), encoding="utf-8", errors="replace") as handle:
             return handle.read()
-    except (OSError, IOError):
+    except OSError:
         return default
 
 
@@ -52,13 +51,12 @@ def run(argv, timeout=60):
         return None
     try:
         return subprocess.run(
-            [executable] + list(argv[1:]),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            [executable, *argv[1:]],
+            capture_output=True,
             stdin=subprocess.DEVNULL,
             timeout=timeout,
             check=False,
-            universal_newlines=True,
+            text=True,
         )
     except (OSError, subprocess.SubprocessError):
         return None

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: provisioner contributors
 # Apache License 2.0 (see pyproject.toml)
 """The one source of every choice list, limit and forbidden path that more than one place needs.
@@ -37,13 +36,13 @@ READ_AHEAD_KB = 4096
 SYSTEM_MOUNTPOINTS = ("/", "/boot", "/boot/efi", "/usr", "/var")
 
 # Directories that are never a mount point of ours (data array, hugetlbfs).
-SYSTEM_DIRECTORIES = SYSTEM_MOUNTPOINTS + ("/etc", "/home", "/tmp", "/root", "/proc", "/sys", "/dev", "/run")
+SYSTEM_DIRECTORIES = (*SYSTEM_MOUNTPOINTS, "/etc", "/home", "/tmp", "/root", "/proc", "/sys", "/dev", "/run")
 
 # ... nor the hugetlbfs of the ML group: systemd mounts its own at /dev/hugepages.
-HUGETLBFS_REFUSED = SYSTEM_DIRECTORIES + ("/dev/hugepages",)
+HUGETLBFS_REFUSED = (*SYSTEM_DIRECTORIES, "/dev/hugepages")
 
 # ... nor the ML environment, which also keeps out of the shared software trees.
-VENV_REFUSED = SYSTEM_DIRECTORIES + ("/usr/local", "/opt", "/srv")
+VENV_REFUSED = (*SYSTEM_DIRECTORIES, "/usr/local", "/opt", "/srv")
 
 # Serving (roles/serving, the plan's serving section): the share of RAM (after hugepages) the
 # model server may use by default and at most, and what one worker costs before any model is

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: provisioner contributors
 # Apache License 2.0 (see pyproject.toml)
 """Gather the hardware facts that the tuning plan is derived from.
@@ -107,11 +106,16 @@ from ansible.module_utils.basic import AnsibleModule
 
 try:  # installed as the provisioner.ml collection
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
-        parse_mountinfo, path_in, read_line, read_text, run, to_int)
+        parse_mountinfo,
+        path_in,
+        read_line,
+        read_text,
+        run,
+        to_int,
+    )
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
-    from ansible.module_utils.provisioner_common import (
-        parse_mountinfo, path_in, read_line, read_text, run, to_int)
+    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, read_text, run, to_int
     from ansible.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
 
 SCHEMA = 1
@@ -150,7 +154,7 @@ def _clean(value):
 
 def parse_cpu_list(text):
     """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
-    cpus = []
+    cpus: list[int] = []
     if not text:
         return cpus
     for part in text.strip().split(","):
@@ -199,7 +203,7 @@ def parse_cpuinfo(text):
     sockets and cores (from physical id / core id, None when absent) and mhz (first cpu).
     """
     blocks = []
-    current = {}
+    current: dict[str, str] = {}
     for line in (text or "").splitlines():
         if not line.strip():
             if current:
@@ -265,7 +269,7 @@ def parse_topology(root="/"):
     packages, cores = set(), set()
     sibling_lists = set()
     for cpu in online:
-        topo = "%s/cpu%d/topology" % (base, cpu)
+        topo = f"{base}/cpu{cpu:d}/topology"
         package = read_line(root, topo + "/physical_package_id")
         siblings = read_line(root, topo + "/core_cpus_list") or read_line(root, topo + "/thread_siblings_list")
         if package is None and siblings is None:
@@ -291,7 +295,7 @@ def parse_caches(root="/", cpu=0):
     """Cache sizes from sysfs: L1d and L2 per core, L3 per instance and in total."""
     base = "/sys/devices/system/cpu"
     caches = {"l1d_kb": None, "l2_kb": None, "l3_kb": None, "l3_instances": None, "l3_total_kb": None}
-    for index in sorted(glob.glob(path_in(root, "%s/cpu%d/cache/index[0-9]*" % (base, cpu)))):
+    for index in sorted(glob.glob(path_in(root, f"{base}/cpu{cpu:d}/cache/index[0-9]*"))):
         level = to_int(read_line("/", index + "/level"))
         kind = (read_line("/", index + "/type") or "").lower()
         size = parse_size_kb(read_line("/", index + "/size"))
@@ -321,7 +325,7 @@ def count_numa_nodes(root="/"):
 
 def max_mhz_from(root="/", cpu=0):
     for name in ("cpuinfo_max_freq", "scaling_max_freq"):
-        khz = to_int(read_line(root, "/sys/devices/system/cpu/cpu%d/cpufreq/%s" % (cpu, name)))
+        khz = to_int(read_line(root, f"/sys/devices/system/cpu/cpu{cpu:d}/cpufreq/{name}"))
         if khz:
             return round(khz / 1000.0, 1)
     return None
@@ -348,7 +352,7 @@ def gather_cpu(root="/", warnings=None):
             info["model"] = info["model"] if info["model"] is not None else extra.get("model")
             info["flags"] = info["flags"] or sorted(extra.get("flags") or [])
         except Exception as exc:  # pragma: no cover - fall-back only
-            warnings.append("py-cpuinfo failed: %s" % exc)
+            warnings.append(f"py-cpuinfo failed: {exc}")
 
     threads = topo["threads"] or info["threads"] or None
     cores = topo["cores"] or info["cores"]
@@ -450,7 +454,7 @@ def gather_memory(root="/", flags=(), warnings=None):
     sizes = [s for s in sizes if s]
     nr = {}
     for size in sizes:
-        nr[size] = to_int(read_line(root, "%s/hugepages-%dkB/nr_hugepages" % (hp_base, size)), 0)
+        nr[size] = to_int(read_line(root, f"{hp_base}/hugepages-{size:d}kB/nr_hugepages"), 0)
     hugepage_size_kb = (meminfo.get("Hugepagesize") or 2048 * 1024) // 1024
     return {
         "total_bytes": total,
@@ -520,7 +524,7 @@ def parse_swaps(text):
 
 def list_by_id(root="/"):
     """kernel name -> [/dev/disk/by-id/... links], best first (no -partN links)."""
-    result = {}
+    result: dict[str, list[str]] = {}
     directory = path_in(root, "/dev/disk/by-id")
     try:
         names = os.listdir(directory)
@@ -552,16 +556,13 @@ def sort_by_id(links):
 def _skip_device(name, kind, size):
     if kind in ("ram", "rom") or name.startswith(("zram", "ram")):
         return True
-    if (kind == "loop" or name.startswith("loop")) and not size:
-        return True
-    return False
+    return bool((kind == "loop" or name.startswith("loop")) and not size)
 
 
 def _walk(node):
     yield node
     for child in node.get("children") or []:
-        for item in _walk(child):
-            yield item
+        yield from _walk(child)
 
 
 def _mountpoints(node):
@@ -686,7 +687,7 @@ def parse_sysfs_block(root="/", root_disks=(), by_id=None, mounts_by_majmin=None
             os.path.basename(os.path.dirname(p)) for p in glob.glob(path_in(root, base + "/*/partition"))
         )
         holders = []
-        for node in [name] + partitions:
+        for node in [name, *partitions]:
             directory = base + ("/" + node if node != name else "") + "/holders"
             for holder in sorted(glob.glob(path_in(root, directory + "/*"))):
                 holder = os.path.basename(holder)
@@ -694,11 +695,11 @@ def parse_sysfs_block(root="/", root_disks=(), by_id=None, mounts_by_majmin=None
                     holders.append(holder)
         signatures = []
         for holder in holders:
-            level = read_line(root, "/sys/block/%s/md/level" % holder)
+            level = read_line(root, f"/sys/block/{holder}/md/level")
             if level and level not in signatures:
                 signatures.append(level)
         mountpoints = []
-        for node in [name] + partitions + holders:
+        for node in [name, *partitions, *holders]:
             sub = base + "/" + node if node in partitions else "/sys/block/" + node
             majmin = read_line(root, sub + "/dev")
             for point in mounts_by_majmin.get(majmin, []):
@@ -756,7 +757,7 @@ def sysfs_disks_for(root, majmin=None, name=None):
     disk, _part = target
     if disk.startswith(("dm-", "md")):
         members = set()
-        for slave in glob.glob(path_in(root, "/sys/block/%s/slaves/*" % disk)):
+        for slave in glob.glob(path_in(root, f"/sys/block/{disk}/slaves/*")):
             members |= sysfs_disks_for(root, name=os.path.basename(slave))
         return members
     return {disk}
@@ -803,7 +804,7 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
     sources = sources if sources is not None else {}
     mounts = parse_mountinfo(read_text(root, "/proc/self/mountinfo", "") or read_text(root, "/proc/1/mountinfo", ""))
     swaps = parse_swaps(read_text(root, "/proc/swaps", ""))
-    mounts_by_majmin = {}
+    mounts_by_majmin: dict[str, list[str]] = {}
     for mount in mounts:
         mounts_by_majmin.setdefault(mount["majmin"], []).append(mount["mountpoint"])
     root_disks = root_disks_from(root, mounts)
@@ -821,7 +822,7 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
                                       mounts_by_majmin=mounts_by_majmin)
                 sources["block_devices"] = "lsblk"
             except ValueError as exc:
-                warnings.append("lsblk output unreadable (%s); used /sys/block" % exc)
+                warnings.append(f"lsblk output unreadable ({exc}); used /sys/block")
         else:
             warnings.append("lsblk unavailable or failed; used /sys/block")
     if devices is None:
@@ -831,7 +832,7 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
 
     for device in devices:
         if device["loop"] and not device.get("backing_file"):
-            device["backing_file"] = read_line(root, "/sys/block/%s/loop/backing_file" % device["name"])
+            device["backing_file"] = read_line(root, "/sys/block/{}/loop/backing_file".format(device["name"]))
         if "[SWAP]" not in device["mountpoints"]:
             names = [device["name"]] + device["partitions"]
             if any("/dev/" + n in swaps for n in names):
@@ -948,7 +949,7 @@ def gather_os(root="/"):
 def gather(root="/", probe=True):
     """All facts (schema 1).  ``root`` other than "/" reads a fake tree and runs no commands."""
     root = root or "/"
-    warnings = []
+    warnings: list[str] = []
     sources = {"cpu": "procfs+sysfs"}
     cpu = gather_cpu(root, warnings)
     facts = {
@@ -977,7 +978,7 @@ def main():
     try:
         facts = gather(module.params["root"], probe=module.params["probe_signatures"])
     except Exception as exc:  # a bug: say where, not a traceback the user must read
-        module.fail_json(msg="provisioner_facts could not read the hardware: %s: %s" % (type(exc).__name__, exc))
+        module.fail_json(msg=f"provisioner_facts could not read the hardware: {type(exc).__name__}: {exc}")
     module.exit_json(changed=False, ansible_facts={"provisioner_hardware": facts})
 
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: provisioner contributors
 # Apache License 2.0 (see pyproject.toml)
 """Inspect the drives named for the data array on the target and decide what to do with them.
@@ -102,6 +101,7 @@ storage:
   type: dict
 """
 
+import contextlib
 import errno
 import glob
 import json
@@ -119,14 +119,29 @@ except ImportError:  # imported by the tests without ansible on the path
 
 try:  # installed as the provisioner.ml collection
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
-        parse_mountinfo, path_in, read_line, run, to_int, unescape_octal)
+        parse_mountinfo,
+        path_in,
+        read_line,
+        run,
+        to_int,
+        unescape_octal,
+    )
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import (
-        MD_CHUNK_KB, MIN_DRIVES, STORAGE_BACKENDS, STORAGE_LEVELS, SYSTEM_MOUNTPOINTS)
+        MD_CHUNK_KB,
+        MIN_DRIVES,
+        STORAGE_BACKENDS,
+        STORAGE_LEVELS,
+        SYSTEM_MOUNTPOINTS,
+    )
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
-    from ansible.module_utils.provisioner_common import (
-        parse_mountinfo, path_in, read_line, run, to_int, unescape_octal)
+    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, run, to_int, unescape_octal
     from ansible.module_utils.provisioner_constants import (
-        MD_CHUNK_KB, MIN_DRIVES, STORAGE_BACKENDS, STORAGE_LEVELS, SYSTEM_MOUNTPOINTS)
+        MD_CHUNK_KB,
+        MIN_DRIVES,
+        STORAGE_BACKENDS,
+        STORAGE_LEVELS,
+        SYSTEM_MOUNTPOINTS,
+    )
 
 MD_LEVEL_NUMBER = {"raid0": 0, "raid1": 1, "raid10": 10}
 MD_LEVEL_NAME = {0: "raid0", 1: "raid1", 10: "raid10", 4: "raid4", 5: "raid5", 6: "raid6", -1: "linear"}
@@ -297,7 +312,7 @@ def btrfs_profiles(devices_by_devid, sb, reader=read_at):
     "system": [...]} profiles in use, or None when the tree cannot be read."""
     sys_chunks = sb["sys_chunks"]
     nodesize = sb["nodesize"] or 16384
-    found = {"data": set(), "metadata": set(), "system": set()}
+    found: dict[str, set] = {"data": set(), "metadata": set(), "system": set()}
     for chunk in sys_chunks:
         kinds, profile = chunk_profile(chunk["flags"])
         for kind in kinds:
@@ -413,7 +428,7 @@ def list_disks(root="/"):
 
 def by_id_links(root="/"):
     """kname -> [/dev/disk/by-id/... links to the whole device] (no -partN)."""
-    result = {}
+    result: dict[str, list[str]] = {}
     directory = path_in(root, "/dev/disk/by-id")
     try:
         names = sorted(os.listdir(directory))
@@ -444,30 +459,30 @@ def resolve(spec, root="/", allow_unstable=False, disks=None, links=None):
     if spec.startswith("/dev/disk/by-id/"):
         link = path_in(root, spec)
         if not os.path.lexists(link):
-            return None, "%s does not exist on this host (see ls -l /dev/disk/by-id)" % spec
+            return None, f"{spec} does not exist on this host (see ls -l /dev/disk/by-id)"
         target = os.path.realpath(link) if root == "/" else os.path.join(os.path.dirname(spec), os.readlink(link))
         kname = os.path.basename(os.path.normpath(target))
         if kname not in disks:
-            if os.path.exists(path_in(root, "/sys/class/block/%s/partition" % kname)):
-                return None, "%s is a partition (%s); name the whole drive" % (spec, kname)
-            return None, "%s points to %s, which is not a whole block device" % (spec, kname)
+            if os.path.exists(path_in(root, f"/sys/class/block/{kname}/partition")):
+                return None, f"{spec} is a partition ({kname}); name the whole drive"
+            return None, f"{spec} points to {kname}, which is not a whole block device"
         return kname, None
     if spec.startswith("/dev/") and "/" not in spec[len("/dev/"):]:
         kname = spec[len("/dev/"):]
         if not allow_unstable:
             stable = (links or {}).get(kname) or []
-            hint = ("name it %s" % stable[0]) if stable else "name it by /dev/disk/by-id/..., serial:... or wwn:..."
+            hint = (f"name it {stable[0]}") if stable else "name it by /dev/disk/by-id/..., serial:... or wwn:..."
             return None, (
-                "%s is a kernel name, which can change across reboots — %s "
-                "(storage_allow_unstable_names: true is for tests and VMs only)" % (spec, hint)
+                f"{spec} is a kernel name, which can change across reboots — {hint} "
+                "(storage_allow_unstable_names: true is for tests and VMs only)"
             )
         if kname not in disks:
-            if os.path.exists(path_in(root, "/sys/class/block/%s/partition" % kname)):
-                return None, "%s is a partition; name the whole drive" % spec
-            return None, "%s is not a block device on this host" % spec
+            if os.path.exists(path_in(root, f"/sys/class/block/{kname}/partition")):
+                return None, f"{spec} is a partition; name the whole drive"
+            return None, f"{spec} is not a block device on this host"
         return kname, None
     return None, (
-        "%s is not a stable device id: use /dev/disk/by-id/..., serial:XYZ or wwn:0x..." % spec
+        f"{spec} is not a stable device id: use /dev/disk/by-id/..., serial:XYZ or wwn:0x..."
     )
 
 
@@ -481,9 +496,9 @@ def is_absent(reason):
 
 def _one(spec, hits):
     if not hits:
-        return None, "%s matches no block device on this host" % spec
+        return None, f"{spec} matches no block device on this host"
     if len(hits) > 1:
-        return None, "%s matches several block devices (%s)" % (spec, ", ".join(hits))
+        return None, "{} matches several block devices ({})".format(spec, ", ".join(hits))
     return hits[0], None
 
 
@@ -512,7 +527,7 @@ def signatures_of(path):
     if proc.returncode == 2 and not proc.stderr.strip():
         return [], None
     if proc.returncode not in (0, 8):
-        return None, "blkid -p failed: %s" % (proc.stderr.strip() or "exit %d" % proc.returncode)
+        return None, "blkid -p failed: {}".format(proc.stderr.strip() or f"exit {proc.returncode:d}")
     values = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     kind = values.get("TYPE") or values.get("PTTYPE") or ("ambiguous" if proc.returncode == 8 else None)
     if not kind:
@@ -529,11 +544,11 @@ def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
     )
     holders = sorted(os.path.basename(p) for p in glob.glob(path_in(root, base + "/holders/*")))
     for part in partitions:
-        holders += [os.path.basename(p) for p in glob.glob(path_in(root, "%s/%s/holders/*" % (base, part)))]
+        holders += [os.path.basename(p) for p in glob.glob(path_in(root, f"{base}/{part}/holders/*"))]
     majmins = {read_line(root, base + "/dev")}
-    majmins |= {read_line(root, "%s/%s/dev" % (base, part)) for part in partitions}
+    majmins |= {read_line(root, f"{base}/{part}/dev") for part in partitions}
     mountpoints = [m["mountpoint"] for m in mounts if m["majmin"] in majmins]
-    names = ["/dev/" + n for n in [kname] + partitions]
+    names = ["/dev/" + n for n in [kname, *partitions]]
     if any(s in names for s in swaps):
         mountpoints.append("[SWAP]")
     sched_text = read_line(root, base + "/queue/scheduler") or ""
@@ -575,7 +590,7 @@ def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
             device[name] = parser(read_at(path, offset, 4096))
         except (OSError, struct.error, ValueError) as exc:
             if device["probe_error"] is None and not isinstance(exc, struct.error):
-                device["probe_error"] = "cannot read %s: %s" % (path, exc)
+                device["probe_error"] = f"cannot read {path}: {exc}"
     return device
 
 
@@ -584,15 +599,15 @@ def md_arrays(root="/"):
     arrays = {}
     for entry in sorted(glob.glob(path_in(root, "/sys/block/md*/md"))):
         name = os.path.basename(os.path.dirname(entry))
-        base = "/sys/block/%s/md" % name
+        base = f"/sys/block/{name}/md"
         arrays[name] = {
             "device": "/dev/" + name,
             "level": read_line(root, base + "/level"),
             "raid_disks": to_int(read_line(root, base + "/raid_disks")),
             "chunk_kb": (to_int(read_line(root, base + "/chunk_size"), 0) or 0) // 1024,
             "state": read_line(root, base + "/array_state"),
-            "slaves": sorted(os.path.basename(p) for p in glob.glob(path_in(root, "/sys/block/%s/slaves/*" % name))),
-            "majmin": read_line(root, "/sys/block/%s/dev" % name),
+            "slaves": sorted(os.path.basename(p) for p in glob.glob(path_in(root, f"/sys/block/{name}/slaves/*"))),
+            "majmin": read_line(root, f"/sys/block/{name}/dev"),
             "degraded": to_int(read_line(root, base + "/degraded"), 0) or 0,
             "sync_action": read_line(root, base + "/sync_action"),
         }
@@ -601,7 +616,7 @@ def md_arrays(root="/"):
 
 def named_array(root, name, arrays):
     """The running array that /dev/md/NAME points to (its kernel name, e.g. md127), or None."""
-    link = path_in(root, "/dev/md/%s" % name)
+    link = path_in(root, f"/dev/md/{name}")
     if not os.path.lexists(link):
         return None
     try:
@@ -617,13 +632,13 @@ def md_driver(root="/"):
     if os.path.exists(path_in(root, "/proc/mdstat")):
         return "loaded", "md driver loaded (/proc/mdstat present)"
     release = os.uname()[2] if root == "/" else (read_line(root, "/proc/sys/kernel/osrelease") or "")
-    moddir = "/lib/modules/%s" % release
+    moddir = f"/lib/modules/{release}"
     for listing in ("modules.builtin", "modules.dep"):
         text = ""
         try:
             with open(path_in(root, moddir + "/" + listing)) as handle:
                 text = handle.read()
-        except (OSError, IOError):
+        except OSError:
             continue
         if re.search(r"(^|/)md-mod\.ko", text, re.MULTILINE):
             return "module", "md driver available as module md_mod (loaded before creating the array)"
@@ -659,9 +674,9 @@ def _sig_text(sig):
     kind = sig.get("type") or "unknown"
     extra = []
     if sig.get("label"):
-        extra.append("label %s" % sig["label"])
+        extra.append("label {}".format(sig["label"]))
     if sig.get("uuid"):
-        extra.append("UUID %s" % sig["uuid"])
+        extra.append("UUID {}".format(sig["uuid"]))
     what = {
         "linux_raid_member": "an md RAID member signature",
         "gpt": "a GPT partition table",
@@ -673,15 +688,15 @@ def _sig_text(sig):
     }.get(kind)
     if what is None:
         article = "an" if kind[:1].lower() in "aeioufnx" else "a"
-        what = "%s %s filesystem" % (article, kind) if kind not in ("ambiguous", "unknown") else "signatures (%s)" % kind
-    return what + (" (%s)" % ", ".join(extra) if extra else "")
+        what = f"{article} {kind} filesystem" if kind not in ("ambiguous", "unknown") else f"signatures ({kind})"
+    return what + (" ({})".format(", ".join(extra)) if extra else "")
 
 
 def describe_contents(device):
     """What the device holds, in words (for the refusal)."""
     parts = []
     if device.get("partitions"):
-        parts.append("%d partition(s) (%s)" % (len(device["partitions"]), ", ".join(device["partitions"])))
+        parts.append("{:d} partition(s) ({})".format(len(device["partitions"]), ", ".join(device["partitions"])))
     seen = set()
     for sig in device.get("signatures") or []:
         text = _sig_text(sig)
@@ -689,11 +704,11 @@ def describe_contents(device):
             seen.add(text)
             parts.append(text)
     if not parts and device.get("btrfs"):
-        parts.append("a btrfs filesystem (UUID %s)" % device["btrfs"]["fsid"])
+        parts.append("a btrfs filesystem (UUID {})".format(device["btrfs"]["fsid"]))
     if not parts and device.get("md"):
-        parts.append("an md RAID member signature (array %s)" % device["md"]["uuid"])
+        parts.append("an md RAID member signature (array {})".format(device["md"]["uuid"]))
     if not parts and device.get("xfs"):
-        parts.append("an xfs filesystem (UUID %s)" % device["xfs"]["uuid"])
+        parts.append("an xfs filesystem (UUID {})".format(device["xfs"]["uuid"]))
     return " and ".join(parts)
 
 
@@ -705,7 +720,7 @@ def has_contents(device):
 
 
 def _who(member):
-    return member["id"] if member["id"] == member["path"] else "%s (%s)" % (member["id"], member["path"])
+    return member["id"] if member["id"] == member["path"] else "{} ({})".format(member["id"], member["path"])
 
 
 def _profile_for(level, count):
@@ -722,18 +737,18 @@ def match_btrfs(members, spec):
         return None, None
     fsids = sorted({sb["fsid"] for sb in sbs if sb})
     if len(fsids) != 1 or not all(sbs):
-        return False, "that btrfs filesystem covers only some of the listed drives" if len(fsids) == 1 else "the btrfs filesystems %s cover only some of the listed drives" % ", ".join(fsids)
+        return False, "that btrfs filesystem covers only some of the listed drives" if len(fsids) == 1 else "the btrfs filesystems {} cover only some of the listed drives".format(", ".join(fsids))
     sb = sbs[0]
     devids = sorted(s["devid"] for s in sbs)
     if sb["num_devices"] != len(members) or len(set(devids)) != len(devids):
-        return False, "that btrfs filesystem spans %d device(s), %d of them listed" % (
+        return False, "that btrfs filesystem spans {:d} device(s), {:d} of them listed".format(
             sb["num_devices"], len(members))
     profiles = members[0].get("btrfs_profiles")
     data, metadata = _profile_for(spec["level"], len(members))
     if profiles is None:
         return False, "the profiles of that btrfs filesystem could not be read"
     if profiles.get("data") != [data] or profiles.get("metadata") != [metadata]:
-        return False, "that btrfs filesystem is data %s, metadata %s, not the requested data %s, metadata %s" % (
+        return False, "that btrfs filesystem is data {}, metadata {}, not the requested data {}, metadata {}".format(
             "+".join(profiles.get("data") or ["none"]), "+".join(profiles.get("metadata") or ["none"]),
             data, metadata)
     return True, {"kind": "btrfs", "uuid": sb["fsid"], "label": sb["label"]}
@@ -747,26 +762,26 @@ def match_md(members, spec, arrays):
         return None, None
     uuids = sorted({sb["uuid"] for sb in sbs if sb})
     if len(uuids) != 1 or not all(sbs):
-        return False, "that md array covers only some of the listed drives" if len(uuids) == 1 else "the md arrays %s cover only some of the listed drives" % ", ".join(uuids)
+        return False, "that md array covers only some of the listed drives" if len(uuids) == 1 else "the md arrays {} cover only some of the listed drives".format(", ".join(uuids))
     sb = sbs[0]
     if sb["level"] != spec["level"] or sb["raid_disks"] != len(members):
-        return False, "that md array (%s) is %s over %d drive(s), not the requested %s over %d" % (
+        return False, "that md array ({}) is {} over {:d} drive(s), not the requested {} over {:d}".format(
             sb["name"] or sb["uuid"], sb["level"], sb["raid_disks"], spec["level"], len(members))
     roles = sorted(s["role"] for s in sbs if s["role"] is not None)
     if roles != list(range(len(members))):
-        return False, "that md array (%s) has member roles %s (spare or failed drives)" % (
+        return False, "that md array ({}) has member roles {} (spare or failed drives)".format(
             sb["name"] or sb["uuid"], roles)
     running = None
     holders = {tuple(m.get("holders") or []) for m in members}
     if len(holders) == 1:
-        held = list(holders)[0]
+        held = next(iter(holders))
         if len(held) == 1 and held[0] in arrays:
             array = arrays[held[0]]
             if sorted(array["slaves"]) == sorted(m["kname"] for m in members):
                 running = held[0]
     if any(m.get("holders") for m in members) and running is None:
-        return False, "the drives are held by %s, not by one array over exactly these drives" % ", ".join(
-            sorted({h for m in members for h in (m.get("holders") or [])}))
+        return False, "the drives are held by {}, not by one array over exactly these drives".format(", ".join(
+            sorted({h for m in members for h in (m.get("holders") or [])})))
     info = {
         "kind": "md",
         "uuid": sb["uuid"],
@@ -811,7 +826,7 @@ def match_degraded(spec, members, missing, arrays, named):
     if len(uuids) != 1:
         return None
     md_uuid = uuids[0]
-    device = "/dev/md/%s" % spec["md_name"]
+    device = "/dev/md/{}".format(spec["md_name"])
     returning, replacements, refusals = [], [], []
     for m in members:
         if m["kname"] in slaves:
@@ -820,18 +835,17 @@ def match_degraded(spec, members, missing, arrays, named):
         points = m.get("mountpoints") or []
         if points or m.get("holders"):
             refusals.append(
-                "storage: refusing %s as a member of the degraded array %s: %s — %s" % (
-                    who, device, ("mounted at %s" % ", ".join(points)) if points else "in use by %s" % ", ".join(m["holders"]),
-                    "unmount it first" if points else "stop that first (e.g. mdadm --stop /dev/%s)" % m["holders"][0]))
+                "storage: refusing {} as a member of the degraded array {}: {} — {}".format(
+                    who, device, ("mounted at {}".format(", ".join(points))) if points else "in use by {}".format(", ".join(m["holders"])),
+                    "unmount it first" if points else "stop that first (e.g. mdadm --stop /dev/{})".format(m["holders"][0])))
         elif m.get("md") and m["md"]["uuid"] == md_uuid and not m.get("partitions"):
             returning.append(m)
         elif not has_contents(m) or m.get("wipe_allowed"):
             replacements.append(m)
         else:
             refusals.append(
-                "storage: refusing %s as a replacement in the degraded array %s (%s): it holds %s, and only a "
-                "returning member of that array or a blank drive is added — %s, or list another drive" % (
-                    who, device, md_uuid, describe_contents(m), WIPE_HINT))
+                f"storage: refusing {who} as a replacement in the degraded array {device} ({md_uuid}): it holds {describe_contents(m)}, and only a "
+                f"returning member of that array or a blank drive is added — {WIPE_HINT}, or list another drive")
     first = running[0]["md"]
     info = {
         "kind": "md",
@@ -861,14 +875,15 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     arrays = arrays or {}
     mountpoint_state = mountpoint_state or {}
     level, backend, name = spec["level"], spec["backend"], spec["md_name"]
-    refusals, warnings = [], []
+    refusals: list[str] = []
+    warnings: list[str] = []
     uses_md = backend == "mdadm" and level != "single"
     result = {
         "level": level,
         "backend": backend,
         "filesystem": "btrfs" if backend == "btrfs" else "xfs",
         "md_name": name,
-        "md_device": "/dev/md/%s" % name if uses_md else None,
+        "md_device": f"/dev/md/{name}" if uses_md else None,
         "uses_md": uses_md,
         "md_driver": md_state[0],
         "md_driver_reason": md_state[1],
@@ -886,22 +901,21 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     need = MIN_DRIVES[level]
     named_count = len(members) + len(missing)  # a drive not on the host (lost) is still named
     if named_count < need:
-        refusals.append("storage: %s needs at least %d device(s), storage_devices names %d" % (level, need, named_count))
+        refusals.append(f"storage: {level} needs at least {need:d} device(s), storage_devices names {named_count:d}")
     if backend == "mdadm" and level == "single" and named_count != 1:
-        refusals.append("storage: level single with the mdadm backend puts XFS on one drive; storage_devices names %d"
-                        % named_count)
+        refusals.append(f"storage: level single with the mdadm backend puts XFS on one drive; storage_devices names {named_count:d}")
     if level == "raid10" and uses_md and named_count % 2:
-        refusals.append("storage: raid10 needs an even number of drives, storage_devices names %d" % named_count)
+        refusals.append(f"storage: raid10 needs an even number of drives, storage_devices names {named_count:d}")
 
     # Drives in any use are refused outright; wiping does not cover them.
     for m in members:
         who = _who(m)
         if m.get("probe_error"):
-            refusals.append("storage: refusing %s: could not be inspected (%s) — fix that first" % (who, m["probe_error"]))
+            refusals.append("storage: refusing {}: could not be inspected ({}) — fix that first".format(who, m["probe_error"]))
         if m.get("read_only"):
-            refusals.append("storage: refusing %s: the device is read-only" % who)
+            refusals.append(f"storage: refusing {who}: the device is read-only")
         if not m.get("size_bytes"):
-            refusals.append("storage: refusing %s: size 0 (no medium?)" % who)
+            refusals.append(f"storage: refusing {who}: size 0 (no medium?)")
 
     adopt_fs = adopt_md = None
     repair = match_degraded(spec, members, missing, arrays, named) if uses_md else None
@@ -920,8 +934,8 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         }
         if repair["missing"] and not (repair["returning"] or repair["replacements"]):
             warnings.append(
-                "storage: the data array %s (%s) runs degraded on %d of %d drives, %s not on this host — put the "
-                "drive back, or list a blank drive in its place in storage_devices, then run up again" % (
+                "storage: the data array {} ({}) runs degraded on {:d} of {:d} drives, {} not on this host — put the "
+                "drive back, or list a blank drive in its place in storage_devices, then run up again".format(
                     repair["device"], level, repair["active"], repair["raid_disks"],
                     ", ".join(repair["missing"])))
     elif backend == "btrfs":
@@ -954,13 +968,13 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         if points and not (adopt_fs or adopt_md):
             hint = " (the root disk)" if any(p in SYSTEM_MOUNTPOINTS for p in points) else ""
             refusals.append(
-                "storage: refusing %s: mounted at %s%s — unmount it first; storage never unmounts or wipes a mounted "
-                "drive, not even one in storage_wipe_devices" % (who, ", ".join(points), hint))
+                "storage: refusing {}: mounted at {}{} — unmount it first; storage never unmounts or wipes a mounted "
+                "drive, not even one in storage_wipe_devices".format(who, ", ".join(points), hint))
             continue
         if m.get("holders") and not adopt_md:
             refusals.append(
-                "storage: refusing %s: in use by %s — stop that first (e.g. mdadm --stop /dev/%s); storage never "
-                "stops arrays, not even for storage_wipe_devices" % (who, ", ".join(m["holders"]), m["holders"][0]))
+                "storage: refusing {}: in use by {} — stop that first (e.g. mdadm --stop /dev/{}); storage never "
+                "stops arrays, not even for storage_wipe_devices".format(who, ", ".join(m["holders"]), m["holders"][0]))
             continue
         if adopt_fs or adopt_md:
             continue
@@ -971,31 +985,32 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             else:
                 # A btrfs/md signature of something other than the requested layout: say how it differs.
                 why = result.get("mismatch") if (m.get("btrfs") or m.get("md")) else None
-                refusals.append("storage: refusing %s: holds %s%s — %s" % (
-                    who, what, ("; %s" % why) if why else "", WIPE_HINT))
+                refusals.append("storage: refusing {}: holds {}{} — {}".format(
+                    who, what, (f"; {why}") if why else "", WIPE_HINT))
 
-    if adopt_fs or adopt_md:
+    adopted = adopt_fs or adopt_md
+    if adopted:
         points = sorted(adopted_mounts)
         if points and spec["mountpoint"] not in points:
             refusals.append(
-                "storage: refusing to adopt the existing %s on %s: it is mounted at %s, not at %s — unmount it, or set "
-                "storage_mountpoint: %s" % (
-                    (adopt_fs or adopt_md)["kind"], ", ".join(_who(m) for m in members), ", ".join(points),
+                "storage: refusing to adopt the existing {} on {}: it is mounted at {}, not at {} — unmount it, or set "
+                "storage_mountpoint: {}".format(
+                    adopted["kind"], ", ".join(_who(m) for m in members), ", ".join(points),
                     spec["mountpoint"], points[0]))
 
     # The mount point: nothing else mounted there, nothing hidden by mounting over it.
     other = mountpoint_state.get("mounted_source")
-    if mountpoint_state.get("mounted") and not (spec["mountpoint"] in adopted_mounts):
+    if mountpoint_state.get("mounted") and spec["mountpoint"] not in adopted_mounts:
         refusals.append(
-            "storage: storage_mountpoint %s is already a mount of %s (%s) — choose another mount point or unmount it" % (
+            "storage: storage_mountpoint {} is already a mount of {} ({}) — choose another mount point or unmount it".format(
                 spec["mountpoint"], other or "?", mountpoint_state.get("mounted_fstype") or "?"))
     elif not mountpoint_state.get("mounted") and mountpoint_state.get("entries"):
         refusals.append(
-            "storage: storage_mountpoint %s is a directory with %d entr%s — mounting the array there would hide them; "
-            "move them or choose another mount point" % (
+            "storage: storage_mountpoint {} is a directory with {:d} entr{} — mounting the array there would hide them; "
+            "move them or choose another mount point".format(
                 spec["mountpoint"], mountpoint_state["entries"], "y" if mountpoint_state["entries"] == 1 else "ies"))
     elif mountpoint_state.get("not_a_directory"):
-        refusals.append("storage: storage_mountpoint %s exists and is not a directory" % spec["mountpoint"])
+        refusals.append("storage: storage_mountpoint {} exists and is not a directory".format(spec["mountpoint"]))
 
     if refusals:
         return result
@@ -1009,12 +1024,12 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     for m in result["wipe"]:
         for part in m.get("partitions") or []:
             commands.append({"argv": ["wipefs", "--all", "/dev/" + part],
-                             "why": "wipe %s on %s (storage_wipe_devices)" % (part, m["id"])})
+                             "why": "wipe {} on {} (storage_wipe_devices)".format(part, m["id"])})
         commands.append({"argv": ["wipefs", "--all", m["cmd_path"]],
-                         "why": "wipe %s: %s (storage_wipe_devices)" % (m["id"], describe_contents(m))})
+                         "why": "wipe {}: {} (storage_wipe_devices)".format(m["id"], describe_contents(m))})
         if m.get("partitions"):
             commands.append({"argv": ["blockdev", "--rereadpt", m["cmd_path"]],
-                             "why": "drop the wiped partitions of %s from the kernel" % m["id"]})
+                             "why": "drop the wiped partitions of {} from the kernel".format(m["id"])})
 
     md_uuid = fs_uuid = None
     md_device = result["md_device"]
@@ -1029,8 +1044,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             fs_uuid = planned_uuid("btrfs", members, spec)
             argv = ["mkfs.btrfs"] + (["--force"] if force else []) + [
                 "--label", name, "--uuid", fs_uuid, "--data", data_profile, "--metadata", meta_profile] + paths
-            commands.append({"argv": argv, "why": "create btrfs data %s, metadata %s over %d drive(s)" % (
-                data_profile, meta_profile, len(members))})
+            commands.append({"argv": argv, "why": f"create btrfs data {data_profile}, metadata {meta_profile} over {len(members):d} drive(s)"})
         fs_device = paths[0]
     elif uses_md:
         sw = {"raid0": len(members), "raid10": len(members) // 2, "raid1": 1}[level]
@@ -1039,22 +1053,22 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             md_uuid = adopt_md["uuid"]
             result["existing"] = adopt_md
             if adopt_md["chunk_kb"] and level != "raid1" and adopt_md["chunk_kb"] != chunk:
-                warnings.append("storage: the existing array has a %d KiB chunk, storage_chunk_kb is %d; adopted as it is"
-                                % (adopt_md["chunk_kb"], chunk))
+                warnings.append("storage: the existing array has a {:d} KiB chunk, storage_chunk_kb is {:d}; adopted as it is"
+                                .format(adopt_md["chunk_kb"], chunk))
                 chunk = adopt_md["chunk_kb"]
             if adopt_md["running"]:
                 md_device_now = "/dev/" + adopt_md["running"]
             else:
                 md_device_now = md_device
-                commands.append({"argv": ["mdadm", "--assemble", md_device, "--uuid=%s" % md_uuid] + paths,
-                                 "why": "assemble the existing %s array %s" % (level, md_uuid)})
+                commands.append({"argv": ["mdadm", "--assemble", md_device, f"--uuid={md_uuid}", *paths],
+                                 "why": f"assemble the existing {level} array {md_uuid}"})
                 commands += _udev_settle(spec, md_device)
             fs = adopt_md.get("filesystem")
             ours = md_uuid == md_uuid_text(uuid.UUID(planned_uuid("md", members, spec)).bytes)
             if fs and fs.get("kind") == "xfs" and ours and fs.get("uuid") != planned_uuid("xfs", members, spec):
                 # Storage made this array but not this filesystem: a create stopped between mdadm and
                 # mkfs leaves the drives' earlier XFS superblock showing through the new array.
-                leftover = "storage: the array %s that storage created holds an XFS (UUID %s) that storage did not make" % (
+                leftover = "storage: the array {} that storage created holds an XFS (UUID {}) that storage did not make".format(
                     md_uuid, fs.get("uuid"))
                 if not any(m.get("wipe_allowed") for m in members):
                     return _refuse(result, leftover + " (left from the drives' earlier contents, or made by hand) — "
@@ -1065,8 +1079,8 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                 result["action"] = "adopt" if adopt_md["running"] else "assemble"
                 fs_uuid = fs["uuid"]
             elif fs:
-                return _refuse(result, "storage: refusing to adopt array %s: it holds a %s filesystem, not XFS — wipe it "
-                                       "by hand if it may go" % (md_uuid, fs.get("kind")))
+                return _refuse(result, "storage: refusing to adopt array {}: it holds a {} filesystem, not XFS — wipe it "
+                                       "by hand if it may go".format(md_uuid, fs.get("kind")))
             else:
                 result["action"] = "mkfs" if adopt_md["running"] else "assemble"
                 fs_uuid = planned_uuid("xfs", members, spec)
@@ -1078,25 +1092,25 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                     # --re-add resumes a recent member where it left off; otherwise --add rebuilds it.
                     commands.append({"argv": ["mdadm", md_device, "--re-add", m["cmd_path"]],
                                      "fallback": ["mdadm", md_device, "--add", m["cmd_path"]],
-                                     "why": "re-add %s, a member of the degraded array %s" % (m["id"], md_uuid)})
+                                     "why": "re-add {}, a member of the degraded array {}".format(m["id"], md_uuid)})
                 for m in repair["replacements"]:
                     commands.append({"argv": ["mdadm", md_device, "--add", m["cmd_path"]],
-                                     "why": "add %s in place of a lost member of the array %s" % (m["id"], md_uuid)})
+                                     "why": "add {} in place of a lost member of the array {}".format(m["id"], md_uuid)})
                 if commands:
                     result["action"] = "repair"
         else:
             result["action"] = "create"
             md_uuid = md_uuid_text(uuid.UUID(planned_uuid("md", members, spec)).bytes)
             fs_uuid = planned_uuid("xfs", members, spec)
-            argv = ["mdadm", "--create", md_device, "--run", "--metadata=1.2", "--level=%s" % level,
-                    "--raid-devices=%d" % len(members)]
+            argv = ["mdadm", "--create", md_device, "--run", "--metadata=1.2", f"--level={level}",
+                    f"--raid-devices={len(members):d}"]
             if level != "raid1":
-                argv.append("--chunk=%d" % chunk)
-            argv += ["--name=%s" % name, "--homehost=%s" % spec.get("hostname", "any"), "--uuid=%s" % md_uuid] + paths
-            commands.append({"argv": argv, "why": "create md %s over %d drive(s)" % (level, len(members))})
+                argv.append(f"--chunk={chunk:d}")
+            argv += [f"--name={name}", "--homehost={}".format(spec.get("hostname", "any")), f"--uuid={md_uuid}", *paths]
+            commands.append({"argv": argv, "why": f"create md {level} over {len(members):d} drive(s)"})
             commands += _udev_settle(spec, md_device)
             commands.append({"argv": _mkfs_xfs(name, fs_uuid, chunk, sw, level, force, md_device),
-                             "why": "create XFS aligned to the %d KiB chunk x %d data drive(s)" % (chunk, sw)})
+                             "why": f"create XFS aligned to the {chunk:d} KiB chunk x {sw:d} data drive(s)"})
         fs_device = md_device
         result["chunk_kb"] = chunk
         result["stripe_width"] = sw
@@ -1109,7 +1123,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             result["action"] = "create"
             fs_uuid = planned_uuid("xfs", members, spec)
             commands.append({"argv": _mkfs_xfs(name, fs_uuid, None, None, level, force, paths[0]),
-                             "why": "create XFS directly on %s" % members[0]["id"]})
+                             "why": "create XFS directly on {}".format(members[0]["id"])})
         fs_device = paths[0]
 
     result["wipe"] = [m["id"] for m in result["wipe"]]
@@ -1124,16 +1138,16 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     if backend == "btrfs" and len(members) > 1:
         # Tells the kernel every member at mount time: no btrfs device scan needed (udev, or a
         # container without /dev/btrfs-control).
-        options += ["device=%s" % p for p in paths]
+        options += [f"device={p}" for p in paths]
     result["mount"] = {
-        "src": "UUID=%s" % fs_uuid,
+        "src": f"UUID={fs_uuid}",
         "path": spec["mountpoint"],
         "fstype": result["filesystem"],
         "opts": ",".join(options),
     }
-    result["fstab_line"] = "UUID=%s %s %s %s 0 0" % (fs_uuid, spec["mountpoint"], result["filesystem"], result["mount"]["opts"])
+    result["fstab_line"] = "UUID={} {} {} {} 0 0".format(fs_uuid, spec["mountpoint"], result["filesystem"], result["mount"]["opts"])
     result["mdadm_array_line"] = (
-        "ARRAY %s metadata=1.2 UUID=%s" % ("/dev/md/%s" % name, md_uuid) if uses_md else None
+        "ARRAY {} metadata=1.2 UUID={}".format(f"/dev/md/{name}", md_uuid) if uses_md else None
     )
     result["needs_md_driver"] = uses_md and any(c["argv"][0] == "mdadm" for c in commands)
     result["refusals"] = []
@@ -1151,14 +1165,14 @@ def _udev_settle(spec, md_device):
     than mdadm waits, and the next command (mkfs, blkid) would not find the name."""
     if not spec.get("udev"):
         return []
-    return [{"argv": ["udevadm", "settle", "--timeout=120"], "why": "wait until udev has named the array %s" % md_device}]
+    return [{"argv": ["udevadm", "settle", "--timeout=120"], "why": f"wait until udev has named the array {md_device}"}]
 
 
 def _mkfs_xfs(label, fs_uuid, chunk, sw, level, force, device):
-    argv = ["mkfs.xfs"] + (["-f"] if force else []) + ["-L", label, "-m", "uuid=%s" % fs_uuid]
+    argv = ["mkfs.xfs"] + (["-f"] if force else []) + ["-L", label, "-m", f"uuid={fs_uuid}"]
     if chunk and level in ("raid0", "raid10"):
-        argv += ["-d", "su=%dk,sw=%d" % (chunk, sw)]
-    return argv + [device]
+        argv += ["-d", f"su={chunk:d}k,sw={sw:d}"]
+    return [*argv, device]
 
 
 # --------------------------------------------------------------------------
@@ -1176,10 +1190,8 @@ def _mountpoint_state(path, mounts, root="/"):
     if os.path.lexists(full) and not os.path.isdir(full):
         state["not_a_directory"] = True
     elif os.path.isdir(full) and not state["mounted"]:
-        try:
+        with contextlib.suppress(OSError):
             state["entries"] = len([n for n in os.listdir(full) if n != "lost+found"])
-        except OSError:
-            pass
     return state
 
 
@@ -1204,10 +1216,10 @@ def foreign_fstab_entries(entries, result, root="/"):
     """fstab lines for the mount point that name another filesystem than the one the role mounts."""
     if result.get("action") == "refuse" or not result.get("mount"):
         return []
-    ours = {result["mount"]["src"]} | {"UUID=%s" % u for u in result.get("replaced_filesystems") or []}
+    ours = {result["mount"]["src"]} | {f"UUID={u}" for u in result.get("replaced_filesystems") or []}
     existing = result.get("existing") or {}
     if existing.get("label"):
-        ours.add("LABEL=%s" % existing["label"])
+        ours.add("LABEL={}".format(existing["label"]))
     devices = set()
     for member in result.get("members") or []:
         devices |= {member["path"], member.get("cmd_path"), member.get("id")} | set(member.get("by_id") or [])
@@ -1283,15 +1295,15 @@ def gather(params, root="/", probe=True):
     try:
         with open(path_in(root, "/proc/self/mountinfo")) as handle:
             mounts = parse_mountinfo(handle.read())
-    except (OSError, IOError):
+    except OSError:
         mounts = []
     try:
         with open(path_in(root, "/proc/swaps")) as handle:
             swaps = [line.split()[0] for line in handle.read().splitlines()[1:] if line.split()]
-    except (OSError, IOError):
+    except OSError:
         swaps = []
 
-    problems, members, seen, absent = [], [], {}, []
+    problems, members, seen, absent = [], [], {}, []  # type: list[str], list[dict], dict[str, str], list[str]
     for spec_id in params.get("devices") or []:
         kname, error = resolve(spec_id, root, allow_unstable, disks, links)
         if error:
@@ -1300,7 +1312,7 @@ def gather(params, root="/", probe=True):
                 absent.append(str(spec_id))
             continue
         if kname in seen:
-            problems.append("storage: %s and %s are the same device (%s)" % (seen[kname], spec_id, kname))
+            problems.append(f"storage: {seen[kname]} and {spec_id} are the same device ({kname})")
             continue
         seen[kname] = spec_id
         device = inspect_device(kname, root, mounts, swaps, probe=probe)
@@ -1322,14 +1334,14 @@ def gather(params, root="/", probe=True):
     warnings = []
     for kname, spec_id in sorted(wipe_knames.items()):
         if kname not in seen:
-            warnings.append("storage: storage_wipe_devices names %s, which is not in storage_devices; ignored" % spec_id)
+            warnings.append(f"storage: storage_wipe_devices names {spec_id}, which is not in storage_devices; ignored")
     for m in members:
         m["wipe_allowed"] = m["kname"] in wipe_knames
 
     # Mounts of multi-device btrfs show one member as the source: map every mounted btrfs to
     # its fsid and mark all members carrying that fsid as mounted there.
     if probe:
-        mounted_fsids = {}
+        mounted_fsids: dict[str, list[str]] = {}
         for mount in mounts:
             if mount["fstype"] != "btrfs" or not mount["source"].startswith("/dev/"):
                 continue
@@ -1346,7 +1358,7 @@ def gather(params, root="/", probe=True):
                     if point not in m["mountpoints"]:
                         m["mountpoints"].append(point)
         # btrfs profiles, read from the chunk tree of the members
-        by_fsid = {}
+        by_fsid: dict[str, dict] = {}
         for m in members:
             if m.get("btrfs"):
                 by_fsid.setdefault(m["btrfs"]["fsid"], {})[m["btrfs"]["devid"]] = m["path"]
@@ -1424,7 +1436,7 @@ def gather(params, root="/", probe=True):
         try:
             with open(path_in(root, "/etc/mdadm/mdadm.conf")) as handle:
                 result["mdadm_conf_other_lines"] = mdadm_conf_other_lines(handle.read(), result["md_uuid"])
-        except (OSError, IOError):
+        except OSError:
             pass
     # What undo restores: the members' live read-ahead and scheduler as found.
     result["live"] = dict(
@@ -1434,14 +1446,14 @@ def gather(params, root="/", probe=True):
     try:
         with open(path_in(root, "/etc/fstab")) as handle:
             fstab = parse_fstab(handle.read())
-    except (OSError, IOError):
+    except OSError:
         fstab = []
     foreign = foreign_fstab_entries(fstab, result, root)
     if foreign:
         result["action"] = "refuse"
         result["refusals"].append(
-            "storage: /etc/fstab already mounts something else at %s (%s) — remove that line or choose another "
-            "storage_mountpoint" % (spec["mountpoint"], " | ".join(foreign)))
+            "storage: /etc/fstab already mounts something else at {} ({}) — remove that line or choose another "
+            "storage_mountpoint".format(spec["mountpoint"], " | ".join(foreign)))
     return result
 
 

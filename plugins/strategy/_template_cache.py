@@ -198,6 +198,7 @@ def _compile(self, source, name=None, filename=None, raw=False, defer_init=False
     original = _original["compile"]
     if raw or self._debuggable_template_source:
         return original(self, source, name, filename, raw, defer_init)
+    key: tuple | None
     if isinstance(source, str):
         key = ("template", _plain(source), name, filename, defer_init, settings(self))
     else:
@@ -243,17 +244,17 @@ def install() -> None:
     _original["compile"] = AnsibleEnvironment.compile
     _original["compile_expression"] = AnsibleEnvironment.compile_expression
     _original["clear_caches"] = plugin_loader.Jinja2Loader._clear_caches
-    AnsibleEnvironment.compile = _compile  # type: ignore[method-assign,assignment]
-    AnsibleEnvironment.compile_expression = _compile_expression  # type: ignore[method-assign]
-    plugin_loader.Jinja2Loader._clear_caches = _clear_plugin_caches  # type: ignore[method-assign]
+    AnsibleEnvironment.compile = _compile
+    AnsibleEnvironment.compile_expression = _compile_expression
+    plugin_loader.Jinja2Loader._clear_caches = _clear_plugin_caches
 
 
 def uninstall() -> None:
     if not _original:
         return
-    AnsibleEnvironment.compile = _original.pop("compile")  # type: ignore[method-assign]
-    AnsibleEnvironment.compile_expression = _original.pop("compile_expression")  # type: ignore[method-assign]
-    plugin_loader.Jinja2Loader._clear_caches = _original.pop("clear_caches")  # type: ignore[method-assign]
+    AnsibleEnvironment.compile = _original.pop("compile")
+    AnsibleEnvironment.compile_expression = _original.pop("compile_expression")
+    plugin_loader.Jinja2Loader._clear_caches = _original.pop("clear_caches")
     _codes.clear()
 
 
