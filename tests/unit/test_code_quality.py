@@ -1,5 +1,6 @@
-"""Lint, format and type checks of the control-node package, and lint of the tests (configured in
-pyproject.toml)."""
+"""Lint, format and type checks of the control-node package; lint and type checks of the collection's
+plugins and of the scripts the roles copy to the targets; lint of the tests (configured in
+pyproject.toml: mypy's files name what it checks)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ BIN = Path(sys.executable).parent
 @pytest.mark.parametrize(
     "cmd",
     [
-        pytest.param(["ruff", "check", "provisioner", "hatch_build.py", "tests"], id="ruff-check"),
+        pytest.param(["ruff", "check", "provisioner", "hatch_build.py", "plugins", "roles", "tests"], id="ruff-check"),
         pytest.param(["ruff", "format", "--check", "provisioner", "hatch_build.py"], id="ruff-format"),
         pytest.param(["mypy"], id="mypy"),
     ],
