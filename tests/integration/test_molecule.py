@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,7 +19,7 @@ SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.y
 BASE = ROOT / ".config" / "molecule" / "config.yml"
 
 
-def scenario_config(scenario: str) -> dict:
+def scenario_config(scenario: str) -> dict[str, Any]:
     """The scenario's configuration as molecule reads it: its molecule.yml merged over the base
     by molecule's own merge (mappings key by key; a list or a value replaces the base's)."""
     from molecule.util import merge_dicts
@@ -26,8 +27,9 @@ def scenario_config(scenario: str) -> dict:
     return merge_dicts(yaml.safe_load(BASE.read_text()), own_config(scenario))
 
 
-def own_config(scenario: str) -> dict:
-    return yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text())
+def own_config(scenario: str) -> dict[str, Any]:
+    config: dict[str, Any] = yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text())
+    return config
 
 
 def repeats(base: object, own: object, path: str = "") -> list[str]:
@@ -38,13 +40,13 @@ def repeats(base: object, own: object, path: str = "") -> list[str]:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario_sets_only_what_differs(scenario):
+def test_scenario_sets_only_what_differs(scenario: str) -> None:
     # Shared settings live once, in the base, so a change to them reaches every scenario.
     assert repeats(yaml.safe_load(BASE.read_text()), own_config(scenario)) == []
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario_sequence_proves_the_role(scenario):
+def test_scenario_sequence_proves_the_role(scenario: str) -> None:
     sequence = scenario_config(scenario)["scenario"]["test_sequence"]
     # check mode on a fresh server, then converge, a second run with changed=0, testinfra.
     assert sequence.index("check") < sequence.index("converge") < sequence.index("idempotence") < sequence.index("verify")
@@ -59,7 +61,7 @@ def mitogen_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_molecule(scenario, lab_requirements):
+def test_molecule(scenario: str, lab_requirements: object) -> None:
     bindir = Path(sys.executable).parent
     r = subprocess.run(
         [str(bindir / "molecule"), "test", "-s", scenario],
@@ -80,7 +82,7 @@ def test_molecule(scenario, lab_requirements):
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario_checks_host_keys_and_keeps_no_mux(scenario):
+def test_scenario_checks_host_keys_and_keeps_no_mux(scenario: str) -> None:
     env = scenario_config(scenario)["provisioner"]["env"]
     assert env["ANSIBLE_HOST_KEY_CHECKING"] == "True"
     assert "ControlMaster=no" in env["ANSIBLE_SSH_ARGS"] and "StrictHostKeyChecking=yes" in env["ANSIBLE_SSH_ARGS"]
