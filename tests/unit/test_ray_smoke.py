@@ -4,11 +4,11 @@ node, with the threads its reservation gives), and the cluster run being opt-in 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+import smoke_script
 
 from provisioner import smoke
 
@@ -72,9 +72,7 @@ def test_a_missing_component_is_a_skip_and_the_judgement_runs_through_evaluate()
 
 
 def test_the_cluster_run_is_only_run_when_named():
-    spec = importlib.util.spec_from_file_location("provisioner_smoke", ROOT / "roles/smoke/files/provisioner_smoke.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = smoke_script.load()
     assert "cluster" not in module.TASKS and module.CLUSTER_TASKS == ("cluster",)
     assert module.WORKERS["cluster"] is module.w_cluster
     assert module._hpo_queue(4) == module._hpo_queue(4)[:4] and len(module._hpo_queue(6)) == 6

@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import smoke_script
 
 from provisioner import report, smoke
 
@@ -109,12 +110,9 @@ def test_the_doctors_kernel_verdict_fails_gemm_whatever_the_ratio(raw):
 
 def test_the_smoke_script_asks_the_doctor_about_the_kernel(tmp_path, monkeypatch):
     """The target script loads mlstack-doctor from the environment it runs in, and its verdict."""
-    import importlib.util
     import shutil
 
-    spec = importlib.util.spec_from_file_location("provisioner_smoke", ROOT / "roles/smoke/files/provisioner_smoke.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = smoke_script.load()
     monkeypatch.setattr(script.sys, "prefix", str(tmp_path))
     assert script.blas_kernel_verdict([]) is None  # no doctor here: a baseline environment
     (tmp_path / "bin").mkdir()
@@ -198,13 +196,7 @@ def test_a_result_file_from_before_the_counted_clock_judges_as_before(raw):
 
 @pytest.fixture
 def script():
-    """roles/smoke/files/provisioner_smoke.py as a module (standard library only)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("provisioner_smoke", ROOT / "roles/smoke/files/provisioner_smoke.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return smoke_script.load()
 
 
 def test_the_script_counts_the_clock_on_one_core_and_on_all_at_once(script):

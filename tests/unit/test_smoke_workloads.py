@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import smoke_script
 
 from provisioner import report, smoke
 
@@ -70,10 +71,7 @@ def tuned():
 
 @pytest.fixture
 def script():
-    spec = importlib.util.spec_from_file_location("provisioner_smoke", ROOT / "roles/smoke/files/provisioner_smoke.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return smoke_script.load()
 
 
 def by_id(rep: smoke.HostReport) -> dict[str, smoke.Check]:
