@@ -54,6 +54,13 @@ def recorded_options(host: Any, config_dir: str | None = None) -> dict[str, Any]
     return RECORDED[key]
 
 
+def role_constants(role: str, *names: str) -> tuple[Any, ...]:
+    """The role's own constants, `_ROLE_NAME` in roles/ROLE/vars/main.yml, in the order named:
+    what the role writes where, which the checks look for."""
+    values = yaml.safe_load((paths.ROLES / role / "vars" / "main.yml").read_text())
+    return tuple(values[f"_{role}_{name}"] for name in names)
+
+
 def role_vars(host: Any, role: str) -> dict[str, Any]:
     """The role's options for this host: defaults, inventory overrides, the options the last runs
     recorded, the run's extra variables, plan-derived values."""

@@ -8,16 +8,11 @@ import re
 import shlex
 
 import pytest
-import yaml
 
-from provisioner import paths
-from provisioner.checks import as_root, role_vars
+from provisioner.checks import as_root, role_constants, role_vars
 from provisioner.constants import SERVING_TEMPLATE_UNIT
 
-_VARS = yaml.safe_load((paths.ROLES / "allocator" / "vars" / "main.yml").read_text())
-DROPIN_NAME = _VARS["_allocator_dropin_name"]
-UNIT_DIR = _VARS["_allocator_unit_dir"]
-LIBRARY_NAME = _VARS["_allocator_library_name"]
+DROPIN_NAME, UNIT_DIR, LIBRARY_NAME = role_constants("allocator", "dropin_name", "unit_dir", "library_name")
 
 
 @pytest.fixture()

@@ -10,18 +10,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
-from provisioner import paths
-from provisioner.checks import as_root, role_vars
+from provisioner.checks import as_root, role_constants, role_vars
 from provisioner.constants import HUGEPAGE_KIB
 
-_VARS = yaml.safe_load((paths.ROLES / "hugepages" / "vars" / "main.yml").read_text())
-SYSCTL_FILE = _VARS["_hugepages_sysctl_file"]
-GRUB_FILE = _VARS["_hugepages_grub_file"]
-LIMITS_FILE = _VARS["_hugepages_limits_file"]
+SYSCTL_FILE, GRUB_FILE, LIMITS_FILE, PAGESIZE_SHOWN = role_constants(
+    "hugepages", "sysctl_file", "grub_file", "limits_file", "pagesize_shown"
+)
 PAGE_KIB = HUGEPAGE_KIB
-PAGESIZE_SHOWN = _VARS["_hugepages_pagesize_shown"]
 
 
 @pytest.fixture()

@@ -8,19 +8,14 @@ import json
 import shlex
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from provisioner import paths
-from provisioner.checks import as_root, role_vars
+from provisioner.checks import as_root, role_constants, role_vars
 
-_VARS = yaml.safe_load((paths.ROLES / "monitoring" / "vars" / "main.yml").read_text())
-PACKAGE = _VARS["_monitoring_package"]
-SERVICE = _VARS["_monitoring_service"]
-DEFAULTS_FILE = _VARS["_monitoring_defaults_file"]
-STATUS_UNIT = _VARS["_monitoring_status_unit"]
-UNIT_DIR = _VARS["_monitoring_unit_dir"]
-SCRIPT = f"{_VARS['_monitoring_libexec_dir']}/provisioner-status"
+PACKAGE, SERVICE, DEFAULTS_FILE, STATUS_UNIT, UNIT_DIR, LIBEXEC_DIR = role_constants(
+    "monitoring", "package", "service", "defaults_file", "status_unit", "unit_dir", "libexec_dir"
+)
+SCRIPT = f"{LIBEXEC_DIR}/provisioner-status"
 TEXTFILE = "provisioner_status.prom"
 
 

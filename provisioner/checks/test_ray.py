@@ -17,19 +17,14 @@ import shlex
 from typing import Any
 
 import pytest
-import yaml
 
-from provisioner import paths
-from provisioner.checks import EXTRA_VARS, as_root, role_vars
+from provisioner.checks import EXTRA_VARS, as_root, role_constants, role_vars
 
-_VARS = yaml.safe_load((paths.ROLES / "ray" / "vars" / "main.yml").read_text())
-UNIT = _VARS["_ray_unit"]
-FIREWALL_UNIT = _VARS["_ray_firewall_unit"]
-UNIT_DIR = _VARS["_ray_unit_dir"]
-TABLE = _VARS["_ray_nft_table"]
-STATE_DIR = _VARS["_ray_state_dir"]
+UNIT, FIREWALL_UNIT, UNIT_DIR, TABLE, STATE_DIR, _LOOPBACK = role_constants(
+    "ray", "unit", "firewall_unit", "unit_dir", "nft_table", "state_dir", "loopback"
+)
 DEFAULT_SPILL = f"{STATE_DIR}/spill"
-LOOPBACK = set(_VARS["_ray_loopback"])
+LOOPBACK = set(_LOOPBACK)
 # Ray's object store: the plan's, at most this share of /dev/shm (roles/ray/tasks/configure.yml).
 SHM_SHARE = 0.9
 # Ray's service ports on a node: ray_service_port_base + 0..7 (roles/ray/vars/main.yml).

@@ -11,17 +11,13 @@ import re
 import shlex
 
 import pytest
-import yaml
 
-from provisioner import paths
-from provisioner.checks import as_root, role_vars
+from provisioner.checks import as_root, role_constants, role_vars
 
-_VARS = yaml.safe_load((paths.ROLES / "serving" / "vars" / "main.yml").read_text())
-SOCKET = _VARS["_serving_socket_unit"]
-SLICE = _VARS["_serving_slice_unit"]
-PREFIX = _VARS["_serving_instance_prefix"]
+SOCKET, SLICE, PREFIX, THREAD_VARIABLES = role_constants(
+    "serving", "socket_unit", "slice_unit", "instance_prefix", "thread_variables"
+)
 CONFIG = "/etc/provisioner/serving/serving.json"
-THREAD_VARIABLES = _VARS["_serving_thread_variables"]
 # systemd-analyze security's exposure for provisioner-serve@0.service, measured on a lab
 # server (Debian 12, systemd 252): the units must stay at or below it ("OK" is 2.0 .. 4.9).
 EXPOSURE_CEILING = 2.5

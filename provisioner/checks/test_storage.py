@@ -13,14 +13,10 @@ import re
 import shlex
 
 import pytest
-import yaml
 
-from provisioner import paths
-from provisioner.checks import applied_plan, as_root, role_vars
+from provisioner.checks import applied_plan, as_root, role_constants, role_vars
 
-_VARS = yaml.safe_load((paths.ROLES / "storage" / "vars" / "main.yml").read_text())
-UDEV_RULE = _VARS["_storage_udev_rule"]
-MDADM_CONF = _VARS["_storage_mdadm_conf"]
+UDEV_RULE, MDADM_CONF = role_constants("storage", "udev_rule", "mdadm_conf")
 FILESYSTEM = {"btrfs": "btrfs", "mdadm": "xfs"}
 NO_MD = "no md driver in this kernel (/proc/mdstat absent): the md array cannot be created here"
 
