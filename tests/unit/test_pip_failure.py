@@ -91,36 +91,46 @@ def test_an_untrusted_certificate_is_named_with_the_ca_option(pip):
     assert filters.mlstack_pip_failure(failed(f"cert-{pip}")) == d["cause"]
 
 
-@pytest.mark.parametrize("pip", PIPS)
-def test_a_name_that_does_not_resolve_is_named(pip):
-    d = filters.mlstack_pip_diagnosis(failed(f"dns-{pip}"))
-    assert d["kind"] == "dns"
-    assert d["cause"] == "the host cannot resolve the index's name pypi.invalid"
-    assert "/etc/resolv.conf" in d["fix"] and "https_proxy" in d["fix"] and "mlstack_wheelhouse" in d["fix"]
-
-
-@pytest.mark.parametrize("pip", PIPS)
-def test_an_index_that_takes_no_connection_is_named(pip):
-    d = filters.mlstack_pip_diagnosis(failed(f"refused-{pip}"))
-    assert d["kind"] == "unreachable"
+# A failure on the way to the index: its kind, its cause (per pip where the two differ), the words
+# its fix must name.
+UNREACHED = {
+    "dns": (
+        "dns",
+        "the host cannot resolve the index's name pypi.invalid",
+        ("/etc/resolv.conf", "https_proxy", "mlstack_wheelhouse"),
+    ),
     # pip 23 names no host in its retry lines (the index comes from "Looking in indexes"), current pip does.
-    assert d["cause"] == "the host cannot reach 127.0.0.1:9 (Connection refused)"
-    assert "firewall" in d["fix"] and "mlstack_index_url" in d["fix"] and "mlstack_wheelhouse" in d["fix"]
-
-
-@pytest.mark.parametrize("pip", PIPS)
-def test_a_proxy_that_takes_no_connection_is_named(pip):
-    d = filters.mlstack_pip_diagnosis(failed(f"proxydown-{pip}"))
-    assert d["kind"] == "unreachable"
+    "refused": (
+        "unreachable",
+        "the host cannot reach 127.0.0.1:9 (Connection refused)",
+        ("firewall", "mlstack_index_url", "mlstack_wheelhouse"),
+    ),
     # pip 23 says it was the proxy; current pip names the proxy's address only.
-    assert (
-        d["cause"]
-        == {
+    "proxydown": (
+        "unreachable",
+        {
             "p23": "the host cannot reach its proxy (Connection refused)",
             "pnew": "the host cannot reach 127.0.0.1:9 (Connection refused)",
-        }[pip]
-    )
-    assert "https_proxy" in d["fix"]
+        },
+        ("https_proxy",),
+    ),
+    "http404": (
+        "wheel",
+        "no wheel for six==1.16.0 among the available ones (the index pypi.org lists no version of it)",
+        ("mlstack_index_url",),
+    ),
+}
+
+
+@pytest.mark.parametrize("pip", PIPS)
+@pytest.mark.parametrize("case", UNREACHED)
+def test_an_index_that_cannot_be_reached_or_lacks_the_project_is_named(case, pip):
+    """A name that does not resolve, an index or a proxy that takes no connection, an index without the project."""
+    kind, cause, fix_names = UNREACHED[case]
+    d = filters.mlstack_pip_diagnosis(failed(f"{case}-{pip}"))
+    assert d["kind"] == kind
+    assert d["cause"] == (cause[pip] if isinstance(cause, dict) else cause)
+    assert [name for name in fix_names if name not in d["fix"]] == []
 
 
 @pytest.mark.parametrize("pip", PIPS)
@@ -129,14 +139,6 @@ def test_a_version_the_index_lacks_is_a_missing_wheel_naming_the_lock(pip):
     assert d["kind"] == "wheel"
     assert d["cause"] == "no wheel for six==0.0.99 among the available ones"
     assert "/srv/mlstack.lock pins one it has" in d["fix"] and "--update-lock" in d["fix"]
-
-
-@pytest.mark.parametrize("pip", PIPS)
-def test_an_index_without_the_project_is_named(pip):
-    d = filters.mlstack_pip_diagnosis(failed(f"http404-{pip}"))
-    assert d["kind"] == "wheel"
-    assert d["cause"] == "no wheel for six==1.16.0 among the available ones (the index pypi.org lists no version of it)"
-    assert "mlstack_index_url" in d["fix"]
 
 
 def test_offline_a_missing_wheel_names_the_wheelhouse_and_the_lock():
