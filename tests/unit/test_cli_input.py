@@ -27,41 +27,33 @@ def test_version():
     assert __version__ in result.stdout
 
 
-def test_missing_inventory_is_bad_input(tmp_path: Path):
-    result = invoke("up", "-i", str(tmp_path / "nope.yml"))
+# Refused with exit code 2 before any run: the command line ({tmp}: a fresh directory), the inventory
+# it finds there as hosts.yml (None: no file), what the error line must say.
+REFUSED = {
+    "missing inventory": (("up", "-i", "{tmp}/nope.yml"), None, ("does not exist", "nope.yml")),
+    "malformed YAML names the line": (
+        ("up", "-i", "{tmp}/hosts.yml"),
+        "all:\n  hosts:\n    a: {ansible_host: 10.0.0.1\n",
+        ("not valid YAML at line 4",),
+    ),
+    "inventory without hosts": (("plan", "-i", "{tmp}/hosts.yml"), "all:\n  children:\n    web: {}\n", ("defines no hosts",)),
+    "unknown tag lists the known ones": (("up", "--tags", "comon", "--check"), None, ("unknown tag(s) comon", "common")),
+    "unknown option suggests a close one": (
+        ("up", "--check", "-e", "common_ml_usr=bob"),
+        None,
+        ("unknown option 'common_ml_usr'", "common_ml_user"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_bad_input_is_refused_naming_it(tmp_path: Path, case: str):
+    args, inventory, said = REFUSED[case]
+    if inventory is not None:
+        (tmp_path / "hosts.yml").write_text(inventory)
+    result = invoke(*(arg.replace("{tmp}", str(tmp_path)) for arg in args))
     assert result.exit_code == ExitCode.BAD_INPUT
-    assert "does not exist" in result.stderr
-    assert "nope.yml" in result.stderr
-
-
-def test_malformed_yaml_inventory_names_the_line(tmp_path: Path):
-    inv = tmp_path / "hosts.yml"
-    inv.write_text("all:\n  hosts:\n    a: {ansible_host: 10.0.0.1\n")
-    result = invoke("up", "-i", str(inv))
-    assert result.exit_code == ExitCode.BAD_INPUT
-    assert "not valid YAML at line 4" in result.stderr
-
-
-def test_inventory_without_hosts(tmp_path: Path):
-    inv = tmp_path / "hosts.yml"
-    inv.write_text("all:\n  children:\n    web: {}\n")
-    result = invoke("plan", "-i", str(inv))
-    assert result.exit_code == ExitCode.BAD_INPUT
-    assert "defines no hosts" in result.stderr
-
-
-def test_unknown_tag_lists_the_known_ones():
-    result = invoke("up", "--tags", "comon", "--check")
-    assert result.exit_code == ExitCode.BAD_INPUT
-    assert "unknown tag(s) comon" in result.stderr
-    assert "common" in result.stderr
-
-
-def test_unknown_option_suggests_a_close_one():
-    result = invoke("up", "--check", "-e", "common_ml_usr=bob")
-    assert result.exit_code == ExitCode.BAD_INPUT
-    assert "unknown option 'common_ml_usr'" in result.stderr
-    assert "common_ml_user" in result.stderr
+    assert [words for words in said if words not in result.stderr] == [], result.stderr
 
 
 def test_option_without_value_separator():
