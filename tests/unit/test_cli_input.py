@@ -167,7 +167,7 @@ def test_the_connect_timeout_is_a_whole_number_of_seconds_from_one(monkeypatch):
     result = invoke("facts", "--connect-timeout", "0")
     assert result.exit_code == ExitCode.BAD_INPUT
     assert result.stderr.startswith("error: --connect-timeout 0: give a whole number of seconds")
-    monkeypatch.setattr(engine, "_connect_timeout", engine.DEFAULT_CONNECT_TIMEOUT)
+    monkeypatch.setattr(engine.ssh, "_connect_timeout", engine.DEFAULT_CONNECT_TIMEOUT)
     engine.set_connect_timeout(4)
     assert engine.connect_timeout() == 4
 
