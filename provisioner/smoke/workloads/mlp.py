@@ -7,6 +7,7 @@ step_s, threads, mkl, mkldnn, torch, batch, width; the raw result's mode and thr
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from ..base import FAIL, WARN, Check, _problem, grade, span, worst
@@ -16,41 +17,48 @@ NAME = "mlp"
 MLP_GRADES = (0.4, 0.2)  # an MLP step is mostly GEMMs; below 0.2 the threads or the kernel are wrong
 
 
-def step_against_sgemm(step: dict[str, Any], whose: str) -> tuple[float, float, float, str, list[str]]:
+def step_against_sgemm(
+    check_id: str,
+    group: str,
+    title: str,
+    step: dict[str, Any],
+    whose: str,
+    judge: Callable[[str, list[str]], str],
+    basis: str,
+    detail: str,
+) -> list[Check]:
     """A training step's GFLOPS against `whose` own SGEMM rate in the same process (PyTorch's, and
-    TensorFlow's): the figure, the limit, their ratio, its grade and the reason's first part."""
+    TensorFlow's), graded by MLP_GRADES; `judge` takes that grade and the reasons, adds what the
+    framework's own settings say to the reasons and returns the status."""
+    problem = _problem(check_id, group, title, step)
+    if problem:
+        return [problem]
     fig, limit = step["gflops"], step["sgemm_gflops"]
     ratio = fig / limit
-    return (
-        fig,
-        limit,
-        ratio,
-        grade(ratio, MLP_GRADES),
-        [f"{ratio:.0%} of {whose} SGEMM rate ({step['samples_per_s']:,.0f} samples/s)"],
-    )
+    reasons = [f"{ratio:.0%} of {whose} SGEMM rate ({step['samples_per_s']:,.0f} samples/s)"]
+    status = judge(grade(ratio, MLP_GRADES), reasons)
+    return [Check(check_id, group, title, status, "; ".join(reasons), fig, "GFLOPS", limit, basis, ratio, detail=detail)]
 
 
 def mlp_checks(raw: dict[str, Any], mlp: dict[str, Any]) -> list[Check]:
-    title = "PyTorch MLP training step"
-    problem = _problem("torch.mlp", "pytorch", title, mlp)
-    if problem:
-        return [problem]
-    fig, limit, ratio, status, reasons = step_against_sgemm(mlp, "torch's")
-    want = raw.get("threads") if raw.get("mode") == "tuned" else None
-    if want and mlp.get("threads") != want:
-        status = FAIL
-        reasons.append(f"torch uses {mlp.get('threads')} threads, the plan says {want}")
-    if not (mlp.get("mkl") and mlp.get("mkldnn")):
-        status = worst(status, WARN)
-        reasons.append(
-            f"MKL {'on' if mlp.get('mkl') else 'off'}, oneDNN {'on' if mlp.get('mkldnn') else 'off'}: not a CPU build with both"
-        )
+    def judge(status: str, reasons: list[str]) -> str:
+        want = raw.get("threads") if raw.get("mode") == "tuned" else None
+        if want and mlp.get("threads") != want:
+            status = FAIL
+            reasons.append(f"torch uses {mlp.get('threads')} threads, the plan says {want}")
+        if not (mlp.get("mkl") and mlp.get("mkldnn")):
+            status = worst(status, WARN)
+            reasons.append(
+                f"MKL {'on' if mlp.get('mkl') else 'off'}, oneDNN {'on' if mlp.get('mkldnn') else 'off'}: not a CPU build with both"
+            )
+        return status
+
     detail = (
         f"torch {mlp.get('torch')}, {mlp.get('threads')} threads, batch {mlp.get('batch')}, width {mlp.get('width')}, "
         f"median of {len(mlp.get('step_s', []))}"
     )
     basis = f"torch.mm SGEMM n={mlp.get('sgemm_n')} in the same process, same threads"
-    return [Check("torch.mlp", "pytorch", title, status, "; ".join(reasons), fig, "GFLOPS", limit, basis, ratio, detail=detail)]
+    return step_against_sgemm("torch.mlp", "pytorch", "PyTorch MLP training step", mlp, "torch's", judge, basis, detail)
 
 
 def checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:

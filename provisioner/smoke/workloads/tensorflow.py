@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import FAIL, WARN, Check, _problem, worst
+from ..base import FAIL, WARN, Check, worst
 from .mlp import step_against_sgemm
 
 NAME = "tensorflow"
@@ -17,38 +17,26 @@ NAME = "tensorflow"
 
 def tensorflow_checks(raw: dict[str, Any], tf: dict[str, Any]) -> list[Check]:
     """A Keras training step against TensorFlow's own SGEMM rate, with oneDNN in use as TensorFlow says."""
-    title = "TensorFlow Keras training step"
-    problem = _problem("tensorflow.step", "tensorflow", title, tf)
-    if problem:
-        return [problem]
-    fig, limit, ratio, status, reasons = step_against_sgemm(tf, "TensorFlow's")
-    if tf.get("onednn") is False:
-        status = FAIL if raw.get("mode") == "tuned" else worst(status, WARN)
-        reasons.append("oneDNN is off (TF_ENABLE_ONEDNN_OPTS=1, role thread_env)")
-    elif tf.get("onednn") is None:
-        status = worst(status, WARN)
-        reasons.append(f"oneDNN unknown: {tf.get('onednn_how')}")
-    else:
-        reasons.append("oneDNN on")
+
+    def judge(status: str, reasons: list[str]) -> str:
+        if tf.get("onednn") is False:
+            status = FAIL if raw.get("mode") == "tuned" else worst(status, WARN)
+            reasons.append("oneDNN is off (TF_ENABLE_ONEDNN_OPTS=1, role thread_env)")
+        elif tf.get("onednn") is None:
+            status = worst(status, WARN)
+            reasons.append(f"oneDNN unknown: {tf.get('onednn_how')}")
+        else:
+            reasons.append("oneDNN on")
+        return status
+
     detail = (
         f"tensorflow {tf.get('tensorflow')}, intra-op {tf.get('intra_op_threads')}, inter-op {tf.get('inter_op_threads')} "
         f"({tf.get('threads_how')}), batch {tf.get('batch')}, width {tf.get('width')}, oneDNN: {tf.get('onednn_how')}"
     )
-    return [
-        Check(
-            "tensorflow.step",
-            "tensorflow",
-            title,
-            status,
-            "; ".join(reasons),
-            fig,
-            "GFLOPS",
-            limit,
-            f"tf.matmul SGEMM n={tf.get('sgemm_n')} in the same process, same threads",
-            ratio,
-            detail=detail,
-        )
-    ]
+    basis = f"tf.matmul SGEMM n={tf.get('sgemm_n')} in the same process, same threads"
+    return step_against_sgemm(
+        "tensorflow.step", "tensorflow", "TensorFlow Keras training step", tf, "TensorFlow's", judge, basis, detail
+    )
 
 
 def checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
