@@ -40,7 +40,7 @@ def _require(what: str, reason: str | None) -> None:
 # molecule scenario, the tests with servers of their own, the unit tests) is a unit of its
 # own. The shared unit is the suite's longest: what needs no pv-test stays out of it.
 # (xdist's own xdist_group mark does not take effect with this pytest.)
-SHARED_LAB = ("test_lab.py", "test_up.py", "test_interrupt.py", "test_host_tuning.py")
+SHARED_LAB = ("test_lab.py", "test_contact.py", "test_interrupt.py", "test_host_tuning.py")
 # Files whose tests share a lab server of their own (a module fixture): one unit each, so the
 # server is booted once, on one worker, beside the shared-lab unit.
 OWN_LAB = (
@@ -51,7 +51,7 @@ OWN_LAB = (
     "test_ray.py",
     "test_vm.py",
     "test_vm_raid.py",
-    "test_fresh.py",
+    "test_up.py",  # a fresh server (and a stock one for the baseline)
 )
 
 

@@ -2,7 +2,7 @@
 
 The module's runs apply roles common, storage and hugepages (`--tags`): the fleet mechanics do
 not depend on which roles run, and every role's whole run is proven on one server by
-tests/integration/test_up.py and test_fresh.py. The first run verifies every host; the second,
+tests/integration/test_up.py (a fresh server, the default options and strategy). The first run verifies every host; the second,
 the same run without verify, must change nothing on any host. The later tests prove a rolling
 run stopping at its failure threshold, bad batch sizes refused, and an unreachable host dropping
 out while the others finish. The three servers boot in parallel and are shared by every test of

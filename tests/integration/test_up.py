@@ -1,11 +1,23 @@
-"""`provisioner up`, `verify`, `facts` and `plan` against a real lab server over real SSH."""
+"""`provisioner up` as a new user meets a server: a fresh minimal install (`lab up --fresh`: no
+python3-apt, no /etc/hosts, its host key in no known_hosts), the README's commands with the
+default options and the default strategy, first contact through --accept-new-host-keys.
+
+One server for the module, in order: a check run (nothing may change: not the packages, not
+/etc, not the control node's known_hosts), the first real run (one go, verified), a second run
+that changes nothing and ends with the smoke test against the hardware, a user's own code in the
+ML user's login shell, verify, plain ansible-playbook, status and drift, a changed host key
+refused, and undo last (the packages, units, users and groups as before the first run, but for
+what docs/roles.md names as kept on purpose).
+
+The unprovisioned baseline the smoke test compares with is measured before the first run on a
+second, stock server of the same machine under the fresh server's inventory name: measuring it
+on the fresh server itself would install what the first run must meet missing (python3-apt)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -13,49 +25,46 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_run import BIN, cli, cli_json, ssh
 from prometheus_client.parser import text_string_to_metric_families
 
+from provisioner import lab
 from provisioner.errors import ExitCode
 
 pytestmark = pytest.mark.lab
 
-BIN = Path(sys.executable).parent / "provisioner"
+NAME = "pv-up"
+BASE = "pv-up-base"
+# docs/roles.md, "Kept on purpose": role storage's tools (they assemble, mount and repair the array).
+KEPT_PACKAGES = {"mdadm", "xfsprogs", "btrfs-progs"}
+# What a run writes first on a new server (its configuration, its state, the ML environment).
+PRODUCT_PATHS = ("/etc/provisioner", "/var/lib/provisioner", "/opt/mlstack")
 
 
-def cli(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    # A guard against a hung run, not a speed limit: a full first `up` (every role, the ML stack
-    # installed) took 10 minutes on a busy 2-core machine.
-    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=timeout)
+def out_of(server, command: str) -> str:
+    """COMMAND's output on the server; a failed command fails the test."""
+    r = ssh(server, command)
+    assert r.returncode == 0, f"{command}: {r.stderr}"
+    return r.stdout
 
 
-def cli_json(*args: str) -> tuple[int, dict]:
-    """The exit code and the command's data, from the JSON envelope every command prints."""
-    r = cli(*args, "--json")
-    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
-    envelope = json.loads(r.stdout)
-    assert envelope["schema"] == 1 and envelope["command"] == args[0], envelope
-    assert envelope["exit_code"] == r.returncode, envelope
-    return r.returncode, envelope["data"]
+def snapshot(server) -> dict[str, set[str]]:
+    return {
+        # Status with the name: a package purged shows as gone, one only removed as "rc".
+        "packages": set(out_of(server, r"dpkg-query -W -f '${db:Status-Abbrev} ${Package}\n'").splitlines()),
+        "units": {ln.split()[0] for ln in out_of(server, "systemctl list-unit-files --state=enabled --no-legend").splitlines()},
+        "users": set(out_of(server, "cut -d: -f1 /etc/passwd").split()),
+        "groups": set(out_of(server, "cut -d: -f1 /etc/group").split()),
+    }
 
 
-def ssh(server, command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["ssh", "-F", str(server.ssh_config), server.name, command], capture_output=True, text=True, timeout=60
+def etc_checksum(server) -> str:
+    """One checksum over every file under /etc: names, contents, modes and owners, links' targets."""
+    return out_of(
+        server,
+        "cd /etc && find . -xdev \\( -type f -o -type l \\) -printf '%p %m %U %G %l\\n' | sort | sha256sum"
+        " && find . -xdev -type f -print0 | sort -z | xargs -0 sha256sum | sha256sum",
     )
-
-
-def inventory_with_known_hosts(server, tmp_path: Path, known_hosts_text: str) -> Path:
-    """A copy of the server's inventory that trusts the given known_hosts content instead."""
-    known = tmp_path / "known_hosts"
-    known.write_text(known_hosts_text)
-    inv = yaml.safe_load(server.inventory.read_text())
-    hostvars = inv["lab"]["hosts"][server.name] if "lab" in inv else inv["all"]["children"]["lab"]["hosts"][server.name]
-    hostvars["ansible_ssh_common_args"] = hostvars["ansible_ssh_common_args"].replace(
-        str(server.known_hosts), str(known)
-    )
-    path = tmp_path / "hosts.yml"
-    path.write_text(yaml.safe_dump(inv))
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +82,26 @@ def offline(wheelhouse):
     return ["-e", f"mlstack_wheelhouse={wheelhouse}"]
 
 
+@pytest.fixture(scope="module")
+def base_server(lab_requirements):
+    """A stock, never provisioned server: the baseline's machine, and the host smoke and status refuse."""
+    lab.down(BASE)
+    try:
+        yield lab.up(BASE)
+    finally:
+        lab.down(BASE)
+
+
+def under_the_name(server, name: str) -> Path:
+    """SERVER's inventory with its host called NAME (what the control node files its results under)."""
+    inv = yaml.safe_load(server.inventory.read_text())
+    hosts = inv["all"]["children"]["lab"]["hosts"]
+    hosts[name] = hosts.pop(server.name)
+    path = server.inventory.with_name(f"as-{name}.yml")
+    path.write_text(yaml.safe_dump(inv))
+    return path
+
+
 # The baseline measures one workload, GEMM, in a stock environment of what it imports: the
 # before -> after pair is built the same way for every check (tests/unit/test_smoke.py), while a
 # baseline of the Optuna study and the inference loop took 224 of its 338 s here (every trial and
@@ -82,45 +111,66 @@ BASELINE = ("-e", "smoke_workloads=[gemm]", "-e", "smoke_baseline_packages=[nump
 
 
 @pytest.fixture(scope="module")
-def provisioned(lab_server, offline, wheelhouse):
-    """The shared server measured unprovisioned (baseline), after a check run (nothing may
-    change), a real run that verifies without the smoke test and a second run that ends with it
-    (its verify left out: the first run's already passed on this server, and
-    test_verify_catches_a_broken_host runs verify on it again)."""
-    inv = str(lab_server.inventory)
-    baseline_rc, baseline = cli_json(
-        "smoke", "-i", inv, "--baseline", "-e", f"smoke_baseline_wheelhouse={wheelhouse}", *BASELINE
-    )
-    check_rc, check = cli_json("up", "-i", inv, "--check", *offline)
-    ml_user_after_check = ssh(lab_server, "id ml").returncode
-    first_rc, first = cli_json("up", "-i", inv, "--no-smoke", *offline)
-    second_rc, second = cli_json("up", "-i", inv, "--no-verify", *offline)
-    return {
-        "server": lab_server,
-        "baseline": (baseline_rc, baseline),
-        "check": (check_rc, check, ml_user_after_check),
-        "first": (first_rc, first),
-        "second": (second_rc, second),
-        "offline": offline,
-    }
+def provisioned(lab_requirements, base_server, offline, wheelhouse):
+    """The fresh server recorded before anything touches it, then a check run and the first run
+    (both with --accept-new-host-keys, as the README's first contact) with what each left, the
+    baseline measured between them (on base_server, under this server's name), and a second run
+    that ends with the smoke test (its verify left out: the first run's passed, and
+    test_verify_catches_a_broken_host runs verify again)."""
+    lab.down(NAME)  # a server of that name left by an interrupted session is not fresh
+    server = lab.up(NAME, fresh=True)
+    try:
+        inv = str(server.inventory)
+        state: dict = {"server": server, "offline": offline, "before": snapshot(server), "etc_before": etc_checksum(server)}
+        state["known_hosts_before"] = server.known_hosts.read_text()
+        state["check"] = cli_json("up", "-i", inv, "--check", "--accept-new-host-keys", *offline)
+        state["after_check"] = snapshot(server)
+        state["etc_after_check"] = etc_checksum(server)
+        state["known_hosts_after_check"] = server.known_hosts.read_text()
+        state["written_by_check"] = out_of(
+            server, f"ls -d {' '.join(PRODUCT_PATHS)} /var/lib/apt/lists/*_Packages* 2>/dev/null; true"
+        )
+        state["baseline"] = cli_json(
+            "smoke", "-i", str(under_the_name(base_server, NAME)), "--baseline",
+            "-e", f"smoke_baseline_wheelhouse={wheelhouse}", *BASELINE,
+        )
+        started = time.monotonic()
+        state["first"] = cli_json("up", "-i", inv, "--accept-new-host-keys", "--no-smoke", *offline)
+        state["first_seconds"] = time.monotonic() - started
+        state["second"] = cli_json("up", "-i", inv, "--no-verify", *offline)
+        yield state
+    finally:
+        lab.down(NAME)
 
 
-def test_check_mode_reports_changes_and_changes_nothing(provisioned):
-    rc, out, ml_user_rc = provisioned["check"]
+def test_check_on_a_fresh_server_changes_nothing_and_says_what_it_could_not_predict(provisioned):
+    rc, out = provisioned["check"]
     host = provisioned["server"].name
+    assert provisioned["known_hosts_before"] == "", "the fresh server's key must be in no known_hosts"
     assert rc == ExitCode.OK, out
     assert out["check"] is True
     assert out["hosts"][host]["changed"] > 0, "a fresh server must show what would change"
     assert any("ML user" in c["task"] for c in out["changes"])
-    assert ml_user_rc != 0, "check mode created the ML user"
+    assert provisioned["after_check"] == provisioned["before"], "check mode changed the packages, units or users"
+    assert provisioned["etc_after_check"] == provisioned["etc_before"], "check mode changed /etc"
+    assert provisioned["known_hosts_after_check"] == "", "check mode recorded the host key in the inventory's known_hosts"
+    assert provisioned["written_by_check"] == "", "check mode wrote the product's files or fetched apt's package lists"
+    warnings = out["hosts"][host]["warnings"]
+    assert any("could not predict" in w and "python3-apt" in w for w in warnings), out
 
 
-def test_first_run_changes_and_verifies(provisioned):
+def test_the_first_run_on_a_fresh_server_succeeds_in_one_go_and_verifies(provisioned):
     rc, out = provisioned["first"]
-    host = provisioned["server"].name
+    server = provisioned["server"]
+    host = server.name
     assert rc == ExitCode.OK, out
-    assert out["hosts"][host]["changed"] > 0
-    assert out["hosts"][host]["failed"] == 0
+    assert out["hosts"][host]["changed"] > 0 and out["hosts"][host]["failed"] == 0, out
+    # ssh records it hashed (Debian's HashKnownHosts): ssh-keygen -F finds it by address.
+    found = subprocess.run(["ssh-keygen", "-F", server.address, "-f", str(server.known_hosts)], capture_output=True, text=True)
+    made = " ".join((server.root / "lab_known_hosts").read_text().split()[1:3])  # the key the lab made
+    assert found.returncode == 0 and made in found.stdout, "the first run must record the key it accepted"
+    assert len(server.known_hosts.read_text().splitlines()) == 1
+    assert "python3-apt" in {p.split()[-1] for p in snapshot(server)["packages"] if p.startswith("ii ")}
     checks = out["verify"]["hosts"][host]
     assert [c for c in checks if c["outcome"] not in ("passed", "skipped")] == []
     assert sum(c["outcome"] == "passed" for c in checks) >= 7, checks
@@ -128,6 +178,7 @@ def test_first_run_changes_and_verifies(provisioned):
     # Skips are for what a container cannot show (read-only kernel knobs), each with its reason.
     assert all(c["message"] for c in checks if c["outcome"] == "skipped"), checks
     assert out["plan"][host]["values"]["threads_per_job"] >= 1
+    print(f"first up of a fresh server: {provisioned['first_seconds']:.1f} s")
 
 
 def test_second_run_changes_nothing(provisioned):
@@ -315,8 +366,8 @@ def test_python_and_pip_are_the_ml_environments_in_a_login_shell_and_in_ml_env(p
     assert ssh(server, "bash -lc 'command -v python || echo none'").stdout.strip() != "/opt/mlstack/bin/python"
 
 
-def test_smoke_and_status_refuse_an_unprovisioned_host(fresh_lab_server):
-    server = fresh_lab_server("pv-bare")
+def test_smoke_and_status_refuse_an_unprovisioned_host(base_server):
+    server = base_server
     r = cli("smoke", "-i", str(server.inventory))
     assert r.returncode == ExitCode.BAD_INPUT, r.stdout + r.stderr
     assert "no ML environment at /opt/mlstack" in r.stderr and "provisioner up" in r.stderr
@@ -344,92 +395,6 @@ def test_verify_catches_a_broken_host(provisioned):
         assert {c["check"] for c in failed} <= {"test_provisioner_directories[common_config_dir]", "test_doctor_passes"}
     finally:
         ssh(server, "chmod 0755 /etc/provisioner")
-
-
-def test_facts_and_plan_over_ssh(lab_server):
-    rc, facts = cli_json("facts", "-i", str(lab_server.inventory))
-    assert rc == ExitCode.OK
-    hw = facts[lab_server.name]
-    assert hw["cpu"]["threads"] >= 1
-    assert hw["virtualization"]["type"] != "none"  # a container, seen from inside
-    rc, plan = cli_json("plan", "-i", str(lab_server.inventory), "-e", "plan_trials=1")
-    assert rc == ExitCode.OK
-    values = plan[lab_server.name]["values"]
-    assert values["trials"] == 1
-    assert values["threads_per_trial"] == values["threads_per_job"]
-
-
-def test_one_ssh_login_per_host_and_nothing_left_behind(lab_server):
-    """A command's playbook runs share one SSH master per host (facts.yml runs several modules),
-    and the command closes it when it ends: no master, no socket left."""
-    state = Path(f"/var/tmp/pv-mux-{os.getpid()}")  # short: the sockets live below it
-    since = int(ssh(lab_server, "date +%s").stdout) + 1  # the second after this login
-    time.sleep(1.5)
-    try:
-        r = subprocess.run(
-            [str(BIN), "facts", "-i", str(lab_server.inventory), "--json"], capture_output=True, text=True, timeout=600,
-            env={**os.environ, "PROVISIONER_STATE_DIR": str(state)},
-        )
-        assert r.returncode == ExitCode.OK, r.stderr
-        assert [p.name for p in (state / "ssh").iterdir()] == [], "the command left its sockets behind"
-        masters = subprocess.run(["pgrep", "-f", f"ControlPath={state}/"], capture_output=True, text=True)
-        assert masters.stdout == "", f"SSH masters still running: {masters.stdout}"
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
-    logins = ssh(lab_server, f"journalctl -u ssh --since @{since} --no-pager -o cat | grep -c 'Accepted publickey'")
-    # The command's one master, and this ssh command that counts.
-    assert logins.stdout.strip() == "2", logins.stdout + logins.stderr
-
-
-def test_plan_refuses_bad_input_before_any_change(lab_server):
-    marker = ssh(lab_server, "stat -c %Y /etc/passwd").stdout
-    r = cli("up", "-i", str(lab_server.inventory), "-e", "plan_trials=0", "-e", "common_ml_user=other")
-    assert r.returncode == ExitCode.BAD_INPUT, r.stdout + r.stderr
-    assert "plan_trials" in r.stderr
-    assert ssh(lab_server, "id other").returncode != 0
-    assert ssh(lab_server, "stat -c %Y /etc/passwd").stdout == marker
-
-
-def test_changed_host_key_is_refused(lab_server, tmp_path):
-    other = subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], capture_output=True
-    )
-    assert other.returncode == 0
-    forged = f"{lab_server.address} " + " ".join((tmp_path / "k.pub").read_text().split()[:2]) + "\n"
-    inv = inventory_with_known_hosts(lab_server, tmp_path, forged)
-    for args in (["facts"], ["up", "--accept-new-host-keys"]):
-        r = cli(*args, "-i", str(inv))
-        assert r.returncode == ExitCode.UNREACHABLE, r.stdout + r.stderr
-        assert "host key changed" in r.stderr
-        assert "ssh-keygen -R" in r.stderr
-
-
-def test_unknown_host_key_needs_explicit_trust(lab_server, tmp_path):
-    inv = inventory_with_known_hosts(lab_server, tmp_path, "")
-    r = cli("facts", "-i", str(inv))
-    assert r.returncode == ExitCode.UNREACHABLE
-    assert "not in known_hosts" in r.stderr and "--accept-new-host-keys" in r.stderr
-    r = cli("facts", "-i", str(inv), "--accept-new-host-keys", "--json")
-    assert r.returncode == ExitCode.OK, r.stderr
-    found = subprocess.run(
-        ["ssh-keygen", "-F", lab_server.address, "-f", str(tmp_path / "known_hosts")], capture_output=True, text=True
-    )
-    real_key = lab_server.known_hosts.read_text().split()[2]
-    assert found.returncode == 0 and real_key in found.stdout, "the first-seen key was not recorded"
-
-
-def test_unreachable_host(tmp_path):
-    inv = tmp_path / "hosts.yml"
-    inv.write_text("all:\n  hosts:\n    ghost:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n")
-    r = cli("up", "-i", str(inv), "--no-verify")
-    assert r.returncode == ExitCode.UNREACHABLE
-    assert "ghost: unreachable" in r.stderr
-
-
-def test_limit_that_matches_nothing(lab_server):
-    r = cli("up", "-i", str(lab_server.inventory), "--limit", "no-such-host")
-    assert r.returncode == ExitCode.BAD_INPUT
-    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_plain_ansible_playbook_runs_the_same_roles(provisioned):
@@ -628,3 +593,21 @@ def test_the_smoke_figures_reach_node_exporter(provisioned, drift):
     assert r.returncode == 0, r.stderr
     served = {s.name for f in text_string_to_metric_families(r.stdout) for s in f.samples}
     assert {"provisioner_smoke_figure", "provisioner_setting_drifted", "node_textfile_mtime_seconds"} <= served
+
+
+def test_undo_restores_packages_units_and_users(provisioned, drift):
+    """The module's last run: undo after everything above (drift and its repair included)."""
+    server = provisioned["server"]
+    rc, _ = cli_json("undo", "-i", str(server.inventory))
+    assert rc == ExitCode.OK
+    after = snapshot(server)
+    before = provisioned["before"]
+    added = after["packages"] - before["packages"]
+    assert {p.split()[-1] for p in added} <= KEPT_PACKAGES, f"packages the run added and undo left: {sorted(added)}"
+    assert before["packages"] <= after["packages"], f"packages undo took: {sorted(before['packages'] - after['packages'])}"
+    assert after["units"] == before["units"], (sorted(after["units"] - before["units"]), sorted(before["units"] - after["units"]))
+    assert after["users"] == before["users"], (sorted(after["users"] - before["users"]), sorted(before["users"] - after["users"]))
+    assert after["groups"] == before["groups"], (
+        sorted(after["groups"] - before["groups"]),
+        sorted(before["groups"] - after["groups"]),
+    )
