@@ -27,7 +27,7 @@ def test_runs_do_not_inherit_each_others_options(tmp_path, monkeypatch):
 
 def test_artifacts_are_rotated(tmp_path, monkeypatch):
     monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path))
-    monkeypatch.setattr(engine, "KEEP_ARTIFACTS", 2)
+    monkeypatch.setattr(engine.runner, "KEEP_ARTIFACTS", 2)
     inv = engine.resolve_inventory(None)
     for _ in range(3):
         engine.run_playbook("facts.yml", inv, tags=["plan"])
@@ -40,7 +40,7 @@ def test_the_connect_timeout_reaches_ssh_and_a_host_var_wins(tmp_path, monkeypat
     """--connect-timeout is Ansible's timeout: ssh's ConnectTimeout for every host, except one whose
     inventory sets ansible_timeout (the lab VMs' 60 s). Two lab addresses nothing answers on."""
     monkeypatch.setenv("PROVISIONER_STATE_DIR", str(tmp_path))
-    monkeypatch.setattr(engine, "_connect_timeout", engine.DEFAULT_CONNECT_TIMEOUT)
+    monkeypatch.setattr(engine.ssh, "_connect_timeout", engine.DEFAULT_CONNECT_TIMEOUT)
     engine.set_connect_timeout(2)
     inv = tmp_path / "hosts.yml"
     inv.write_text(
