@@ -27,6 +27,7 @@ import joblib
 import lightgbm
 import numpy as np
 import pytest
+import smoke_script
 import xgboost
 from prometheus_client.parser import text_string_to_metric_families
 from sklearn.linear_model import LogisticRegression
@@ -107,18 +108,8 @@ def pad(directory: Path, size: int = PAD) -> None:
 # Servers and HTTP
 
 
-def _smoke_script():
-    """The smoke script, whose free_ports the throwaway servers on the hosts use too."""
-    spec = importlib.util.spec_from_file_location(
-        "provisioner_smoke", ROOT / "roles" / "smoke" / "files" / "provisioner_smoke.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-free_base = _smoke_script().free_ports  # a port p with p .. p+count-1 free on 127.0.0.1
+# The smoke script's: a port p with p .. p+count-1 free on 127.0.0.1, as the throwaway servers on the hosts use.
+free_base = smoke_script.load().free_ports
 
 
 def write_config(
