@@ -81,6 +81,15 @@ def ext4_file_sha(loop: str, name: str) -> str:
     return _sha256(out)
 
 
+def blank_and_precious(storage_lab, name: str, size: int = 1 << 20) -> tuple:
+    """Lab server NAME with a blank drive and a 512M drive holding an ext4 filesystem (label precious)
+    with SIZE random bytes in precious.bin: (the server, the blank drive, the precious one, the bytes' sha256)."""
+    drives, make_server = storage_lab
+    payload = os.urandom(size)
+    blank, precious = drives(), drives("512M", ext4_file=("precious.bin", payload))
+    return make_server(name, devices=[blank, precious]), blank, precious, _sha256(payload)
+
+
 def ssh(server, command: str, check: bool = True) -> subprocess.CompletedProcess:
     r = subprocess.run(["ssh", "-F", str(server.ssh_config), server.name, command], capture_output=True, text=True,
                        timeout=120)
@@ -89,14 +98,17 @@ def ssh(server, command: str, check: bool = True) -> subprocess.CompletedProcess
     return r
 
 
-PLAYBOOK = """
+# The play both storage playbooks start with: the storage role reads the plan.
+PLAN = """
 - name: Plan
   hosts: all
   gather_facts: true
   gather_subset: [min]
   roles:
     - role: plan
-- name: Base system
+"""
+
+PLAYBOOK = PLAN + """- name: Base system
   hosts: all
   gather_facts: false
   roles:
@@ -110,14 +122,7 @@ PLAYBOOK = """
 
 # Role common installs the base packages (most of a run's time); tests that are not about the
 # ML group's ownership only create the group.
-PLAYBOOK_NO_COMMON = """
-- name: Plan
-  hosts: all
-  gather_facts: true
-  gather_subset: [min]
-  roles:
-    - role: plan
-- name: Storage
+PLAYBOOK_NO_COMMON = PLAN + """- name: Storage
   hosts: all
   gather_facts: false
   pre_tasks:
@@ -250,12 +255,9 @@ def test_btrfs_raid0_end_to_end(storage_lab, tmp_path):
 
 @pytest.mark.lab
 def test_a_drive_with_data_that_is_not_listed_is_untouched(storage_lab, tmp_path):
-    drives, make_server = storage_lab
-    payload = os.urandom(1 << 20)
-    blank, precious = drives(), drives("512M", ext4_file=("precious.bin", payload))
-    server = make_server("pv-storage-unlisted", devices=[blank, precious])
+    server, blank, precious, written = blank_and_precious(storage_lab, "pv-storage-unlisted")
     before = ext4_file_sha(precious, "precious.bin")
-    assert before == _sha256(payload)
+    assert before == written
 
     nothing = play(server, tmp_path, {})
     assert nothing.rc == 0, nothing.failures()
@@ -272,10 +274,7 @@ def test_a_drive_with_data_that_is_not_listed_is_untouched(storage_lab, tmp_path
 
 @pytest.mark.lab
 def test_a_listed_drive_with_data_is_refused_without_wiping_allowed(storage_lab, tmp_path):
-    drives, make_server = storage_lab
-    payload = os.urandom(1 << 20)
-    blank, precious = drives(), drives("512M", ext4_file=("precious.bin", payload))
-    server = make_server("pv-storage-refuse", devices=[blank, precious])
+    server, blank, precious, _ = blank_and_precious(storage_lab, "pv-storage-refuse")
     before = ext4_file_sha(precious, "precious.bin")
     ev = btrfs_vars(blank, precious)
     for check in (True, False):
@@ -295,10 +294,7 @@ def test_a_listed_drive_with_data_is_refused_without_wiping_allowed(storage_lab,
 
 @pytest.mark.lab
 def test_refusal_exit_code_through_provisioner_up(storage_lab, tmp_path):
-    drives, make_server = storage_lab
-    payload = os.urandom(1 << 16)
-    blank, precious = drives(), drives("512M", ext4_file=("precious.bin", payload))
-    server = make_server("pv-storage-cli", devices=[blank, precious])
+    server, blank, precious, written = blank_and_precious(storage_lab, "pv-storage-cli", 1 << 16)
     r = subprocess.run(
         [str(VENV_BIN / "provisioner"), "up", "-i", str(server.inventory), "--tags", "plan,common,storage",
          "--no-verify", "--json", "-e", f"storage_devices=[{blank},{precious}]", "-e", "storage_allow_unstable_names=true",
@@ -307,7 +303,7 @@ def test_refusal_exit_code_through_provisioner_up(storage_lab, tmp_path):
     # site.yml runs every role's preflight before any role changes anything: bad input, 2.
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"storage: refusing {precious}: holds an ext4 filesystem" in r.stdout
-    assert ext4_file_sha(precious, "precious.bin") == _sha256(payload)
+    assert ext4_file_sha(precious, "precious.bin") == written
     assert ssh(server, "id ml", check=False).returncode != 0, "common changed the host before the refusal"
 
 
