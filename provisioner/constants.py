@@ -26,6 +26,12 @@ def _load() -> ModuleType:
 
 _source = _load()
 
+
+def source() -> ModuleType:
+    """The constants module itself (the roles' filter provisioner_constant looks names up in it)."""
+    return _source
+
+
 THP_CHOICES: tuple[str, ...] = _source.THP_CHOICES
 HUGEPAGES_SIZES: tuple[str, ...] = _source.HUGEPAGES_SIZES
 HUGEPAGE_KIB: dict[str, int] = _source.HUGEPAGE_KIB

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 # Copyright: provisioner contributors
 # Apache License 2.0 (see pyproject.toml)
 """Action plugin: derive the tuning plan on the controller.
@@ -87,16 +86,17 @@ author:
   - provisioner contributors
 """
 
-import os
-import sys
-
+from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
+# The plan is the provisioner package's (galaxy.yml: it is installed on the control node).
 try:
     from provisioner.plan import PlanError, PlanOptions, derive_plan
-except ImportError:  # plain ansible-playbook without the package installed: use the checkout's copy
-    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-    from provisioner.plan import PlanError, PlanOptions, derive_plan
+except ImportError as exc:  # ansible-playbook from a Python without the package
+    raise AnsibleError(
+        f"provisioner_plan needs the provisioner Python package on the control node ({exc}): "
+        "pip install provisioner into the Python that runs ansible-playbook"
+    ) from exc
 
 
 def _plain(value):
@@ -124,7 +124,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
-        result = super(ActionModule, self).run(tmp, task_vars)
+        result = super().run(tmp, task_vars)
         result["changed"] = False
 
         args = _plain(dict(self._task.args))
@@ -139,7 +139,7 @@ class ActionModule(ActionBase):
 
         not_plan = sorted(k for k in args if not k.startswith("plan_"))
         if not_plan:
-            result.update(failed=True, msg="provisioner_plan takes plan_* options and facts, not: %s" % ", ".join(not_plan))
+            result.update(failed=True, msg=f"provisioner_plan takes plan_* options and facts, not: {', '.join(not_plan)}")
             return result
         # A typo among the host's variables (plan_trails: 8) would otherwise be silently ignored.
         known = set(PlanOptions.known_vars())
@@ -155,9 +155,6 @@ class ActionModule(ActionBase):
 
         plan_dict = plan.to_dict()
         result["ansible_facts"] = {"provisioner_plan": plan_dict}
-        result["msg"] = "%d settings, storage %s, %d warning(s)" % (
-            len(plan_dict["settings"]),
-            "proposed" if (plan_dict["storage"] or {}).get("proposed") else "not proposed",
-            len(plan_dict["warnings"]),
-        )
+        storage = "proposed" if (plan_dict["storage"] or {}).get("proposed") else "not proposed"
+        result["msg"] = f"{len(plan_dict['settings'])} settings, storage {storage}, {len(plan_dict['warnings'])} warning(s)"
         return result

@@ -1,10 +1,10 @@
-# -*- coding: utf-8 -*-
 # Copyright: provisioner contributors
 # Apache License 2.0 (see pyproject.toml)
 """Filters that give the roles provisioner's shared values, so no role keeps a copy in Jinja.
 
 - ``'NAME' | provisioner_constant``: a choice list, limit or forbidden path list from
-  plugins/module_utils/provisioner_constants.py (the file the modules and the plan read).
+  plugins/module_utils/provisioner_constants.py (the file the modules and the plan read), as the
+  provisioner package's ``provisioner.constants`` gives it.
 - ``numa_nodes | provisioner_numa_balancing(tuned_profile)``: the plan's kernel.numa_balancing
   rule (provisioner.plan), the standalone fallback of cpu_tuning_numa_balancing.
 - ``recorded | provisioner_originals_grow(current, keys)``: an undo record with the lists under
@@ -13,40 +13,30 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+from ansible.errors import AnsibleError, AnsibleFilterError
 
-from ansible.errors import AnsibleFilterError
-
-_CONSTANTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "module_utils", "provisioner_constants.py")
-_loaded = {}
-
-
-def _constants():
-    if "module" not in _loaded:
-        spec = importlib.util.spec_from_file_location("provisioner_constants", _CONSTANTS)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _loaded["module"] = module
-    return _loaded["module"]
+# The constants and the plan's rules are the provisioner package's (galaxy.yml: it is installed
+# on the control node); provisioner.constants reads plugins/module_utils/provisioner_constants.py.
+try:
+    from provisioner import constants
+    from provisioner.plan import numa_balancing
+except ImportError as exc:  # ansible-playbook from a Python without the package
+    raise AnsibleError(
+        f"the provisioner filters need the provisioner Python package on the control node ({exc}): "
+        "pip install provisioner into the Python that runs ansible-playbook"
+    ) from exc
 
 
 def provisioner_constant(name):
     """The value of one constant; tuples come back as lists (YAML and Jinja lists)."""
-    value = getattr(_constants(), str(name), None)
+    value = getattr(constants.source(), str(name), None)
     if value is None or str(name).startswith("_") or not str(name).isupper():
-        raise AnsibleFilterError("provisioner_constant: no constant %r in %s" % (name, os.path.normpath(_CONSTANTS)))
+        raise AnsibleFilterError(f"provisioner_constant: no constant {name!r} in {constants.SOURCE}")
     return list(value) if isinstance(value, tuple) else value
 
 
 def provisioner_numa_balancing(numa_nodes, tuned_profile):
     """kernel.numa_balancing as the plan sets it: None on one node, else by tuned profile."""
-    try:
-        from provisioner.plan import numa_balancing
-    except ImportError:  # plain ansible-playbook without the package installed: use the checkout's copy
-        sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-        from provisioner.plan import numa_balancing
     return numa_balancing(int(numa_nodes), str(tuned_profile))
 
 
