@@ -12,6 +12,7 @@ from pathlib import Path
 import playbook_cases
 import plugin_code
 import pytest
+import sysfs_cases
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,15 +92,7 @@ def test_parse_size_kb(text, kb):
     assert pf.parse_size_kb(text) == kb
 
 
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("always [madvise] never", "madvise"),
-        ("always defer defer+madvise [madvise] never", "madvise"),
-        ("[always] madvise never\n", "always"),
-        ("", None),
-    ],
-)
+@pytest.mark.parametrize(("text", "value"), sysfs_cases.BRACKETED)
 def test_parse_bracketed(text, value):
     assert pf.parse_bracketed(text) == value
 

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import sysfs_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "roles" / "shared" / "files" / "provisioner_status.py"
@@ -92,13 +93,7 @@ def test_sysctl_probe_names_the_file_that_overrides_at_boot(tmp_path):
 # ---------------------------------------------------------------- THP
 
 
-@pytest.mark.parametrize(("text", "word"), [
-    ("always [madvise] never\n", "madvise"),
-    ("[always] madvise never", "always"),
-    ("always defer defer+madvise [madvise] never", "madvise"),
-    ("always defer [defer+madvise] madvise never", "defer+madvise"),
-    ("", None),
-])
+@pytest.mark.parametrize(("text", "word"), sysfs_cases.BRACKETED)
 def test_thp_selected_word(text, word):
     assert status.thp_selected(text) == word
 
