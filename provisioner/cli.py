@@ -7,9 +7,11 @@ control node itself; 130 interrupted by SIGINT or SIGTERM (every process of the 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NamedTuple, NoReturn
 
 import typer
 
@@ -54,6 +56,53 @@ ConnectTimeout = Annotated[
 ]
 
 
+class Hosts(NamedTuple):
+    """Which hosts a command runs on: --inventory and --limit."""
+
+    inventory: Path | None
+    limit: str | None
+
+
+class Ssh(NamedTuple):
+    """How a command reaches them: --accept-new-host-keys and --connect-timeout."""
+
+    accept_new_host_keys: bool
+    connect_timeout: int
+
+
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+# The options each group stands for in a command's signature, in the order --help lists them.
+_GROUPS: dict[str, tuple[inspect.Parameter, ...]] = {
+    "hosts": (
+        inspect.Parameter("inventory", _KEYWORD, default=None, annotation=Inventory),
+        inspect.Parameter("limit", _KEYWORD, default=None, annotation=Limit),
+    ),
+    "ssh": (
+        inspect.Parameter("accept_new_host_keys", _KEYWORD, default=False, annotation=AcceptNew),
+        inspect.Parameter("connect_timeout", _KEYWORD, default=commands.DEFAULT_CONNECT_TIMEOUT, annotation=ConnectTimeout),
+    ),
+}
+
+
+def _on_hosts(command: Callable[..., None]) -> Callable[..., None]:
+    """A command run on an inventory's hosts: its parameter `hosts` (a Hosts) stands for --inventory
+    and --limit, its parameter `ssh` (an Ssh, where it has one) for --accept-new-host-keys and
+    --connect-timeout, each group in its parameter's place among the command's own options."""
+    own = list(inspect.signature(command, eval_str=True).parameters.values())
+    shown = [q for p in own for q in _GROUPS.get(p.name, (p.replace(kind=_KEYWORD),))]
+
+    @functools.wraps(command)
+    def run(**given: Any) -> None:
+        grouped: dict[str, Hosts | Ssh] = {"hosts": Hosts(given.pop("inventory"), given.pop("limit"))}
+        if "accept_new_host_keys" in given:
+            grouped["ssh"] = Ssh(given.pop("accept_new_host_keys"), given.pop("connect_timeout"))
+        command(**given, **grouped)
+
+    run.__signature__ = inspect.Signature(shown, return_annotation=None)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in shown}
+    return run
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"provisioner {__version__}")
@@ -74,7 +123,7 @@ def _finish(
     show: Callable[[Any], None],
     *,
     progress: bool = False,
-    connect_timeout: int | None = None,
+    ssh: Ssh | None = None,
 ) -> NoReturn:
     """The one way every command ends: call it, print its result (tables, or the JSON
     envelope with --json), its notes and errors, and exit with its code. An error raised
@@ -83,8 +132,8 @@ def _finish(
     then says so, exit code 130."""
     with commands.interruptible():
         try:
-            if connect_timeout is not None:
-                commands.set_connect_timeout(connect_timeout)
+            if ssh is not None:
+                commands.set_connect_timeout(ssh.connect_timeout)
             with render.live_progress(enabled=progress and not json and render.console.is_terminal) as on_progress:
                 result = call(on_progress)
         except (ProvisionerError, Interrupted) as exc:
@@ -100,52 +149,50 @@ def _finish(
     raise typer.Exit(int(result.exit_code))
 
 
-@app.command()
-def facts(
-    inventory: Inventory = None,
-    limit: Limit = None,
-    json: Json = False,
-    accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
-) -> None:
-    """Discover each host's hardware: CPU, ISA, caches, memory, drives, virtualization, OS."""
+def _read(
+    command: str, json: bool, hosts: Hosts, ssh: Ssh, call: Callable[..., Result[Any]], show: Callable[[Any], None]
+) -> NoReturn:
+    """A command that only reads each host (facts, status, serve status): CALL(inventory, limit=...,
+    accept_new_host_keys=...) and SHOW its result."""
     _finish(
-        "facts",
+        command,
         json,
-        lambda _: commands.facts(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
-        lambda outcome: render.fact_run(outcome, render.facts),
-        connect_timeout=connect_timeout,
+        lambda _: call(hosts.inventory, limit=hosts.limit, accept_new_host_keys=ssh.accept_new_host_keys),
+        show,
+        ssh=ssh,
     )
 
 
 @app.command()
-def plan(
-    inventory: Inventory = None,
-    limit: Limit = None,
-    extra_vars: ExtraVars = None,
-    json: Json = False,
-    accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
-) -> None:
+@_on_hosts
+def facts(*, hosts: Hosts, json: Json = False, ssh: Ssh) -> None:
+    """Discover each host's hardware: CPU, ISA, caches, memory, drives, virtualization, OS."""
+    _read("facts", json, hosts, ssh, commands.facts, lambda outcome: render.fact_run(outcome, render.facts))
+
+
+@app.command()
+@_on_hosts
+def plan(*, hosts: Hosts, extra_vars: ExtraVars = None, json: Json = False, ssh: Ssh) -> None:
     """Derive the tuning plan from each host's hardware, each setting with its reason."""
     _finish(
         "plan",
         json,
         lambda _: commands.plan(
-            inventory,
-            limit=limit,
+            hosts.inventory,
+            limit=hosts.limit,
             extravars=options.parse_extra_vars(extra_vars or []),
-            accept_new_host_keys=accept_new_host_keys,
+            accept_new_host_keys=ssh.accept_new_host_keys,
         ),
         lambda outcome: render.fact_run(outcome, render.plan),
-        connect_timeout=connect_timeout,
+        ssh=ssh,
     )
 
 
 @app.command()
+@_on_hosts
 def up(
-    inventory: Inventory = None,
-    limit: Limit = None,
+    *,
+    hosts: Hosts,
     tags: Annotated[list[str] | None, typer.Option("--tags", "-t", help="Only roles/phases with these tags; repeatable.")] = None,
     skip_tags: Annotated[
         list[str] | None, typer.Option("--skip-tags", help="Skip roles/phases with these tags; repeatable.")
@@ -167,8 +214,7 @@ def up(
     verbose: Annotated[
         int, typer.Option("-v", "--verbose", count=True, help="More Ansible output in the run log; every change and check.")
     ] = 0,
-    accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
+    ssh: Ssh,
     batch: Annotated[
         str | None,
         typer.Option(
@@ -189,8 +235,8 @@ def up(
         "up",
         json,
         lambda on_progress: commands.up(
-            inventory,
-            limit=limit,
+            hosts.inventory,
+            limit=hosts.limit,
             tags=_split(tags),
             skip_tags=_split(skip_tags),
             check=check,
@@ -199,21 +245,22 @@ def up(
             verify_after=verify_after,
             smoke_after=smoke_after,
             verbosity=verbose,
-            accept_new_host_keys=accept_new_host_keys,
+            accept_new_host_keys=ssh.accept_new_host_keys,
             on_progress=on_progress,
             batch=batch,
             max_fail=max_fail,
         ),
         lambda outcome: render.up(outcome, verbose=bool(verbose)),
         progress=True,
-        connect_timeout=connect_timeout,
+        ssh=ssh,
     )
 
 
 @app.command()
+@_on_hosts
 def undo(
-    inventory: Inventory = None,
-    limit: Limit = None,
+    *,
+    hosts: Hosts,
     check: Annotated[bool, typer.Option("--check", help="Show what would be restored; change nothing.")] = False,
     reboot: Annotated[
         bool,
@@ -229,8 +276,7 @@ def undo(
         list[str] | None, typer.Option("--skip-tags", help="Leave the roles with these tags as they are.")
     ] = None,
     json: Json = False,
-    accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
+    ssh: Ssh,
 ) -> None:
     """Restore the values provisioner's tuning changed, as recorded on each host before its first change.
 
@@ -240,25 +286,26 @@ def undo(
         "undo",
         json,
         lambda on_progress: commands.undo(
-            inventory,
-            limit=limit,
+            hosts.inventory,
+            limit=hosts.limit,
             check=check,
             reboot=reboot,
-            accept_new_host_keys=accept_new_host_keys,
+            accept_new_host_keys=ssh.accept_new_host_keys,
             tags=_split(tags),
             skip_tags=_split(skip_tags),
             on_progress=on_progress,
         ),
         render.undo,
         progress=True,
-        connect_timeout=connect_timeout,
+        ssh=ssh,
     )
 
 
 @app.command()
+@_on_hosts
 def verify(
-    inventory: Inventory = None,
-    limit: Limit = None,
+    *,
+    hosts: Hosts,
     tags: Annotated[
         list[str] | None,
         typer.Option("--tags", "-t", help="Only the checks of roles with these tags (as up --tags); repeatable."),
@@ -271,37 +318,27 @@ def verify(
     _finish(
         "verify",
         json,
-        lambda _: commands.verify(inventory, limit=limit, tags=_split(tags), skip_tags=_split(skip_tags)),
+        lambda _: commands.verify(hosts.inventory, limit=hosts.limit, tags=_split(tags), skip_tags=_split(skip_tags)),
         lambda result: render.verify_summary(result, verbose),
     )
 
 
 @app.command()
-def status(
-    inventory: Inventory = None,
-    limit: Limit = None,
-    json: Json = False,
-    accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
-) -> None:
+@_on_hosts
+def status(*, hosts: Hosts, json: Json = False, ssh: Ssh) -> None:
     """Show, per host, every setting the roles manage: expected, live, and ok / drifted / not applicable.
 
     Changes nothing and needs no smoke run. Exit code 1 when anything drifted (provisioner up
     repairs it), 2 for a host never provisioned.
     """
-    _finish(
-        "status",
-        json,
-        lambda _: commands.status(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
-        render.status,
-        connect_timeout=connect_timeout,
-    )
+    _read("status", json, hosts, ssh, commands.status, render.status)
 
 
 @app.command()
+@_on_hosts
 def smoke(
-    inventory: Inventory = None,
-    limit: Limit = None,
+    *,
+    hosts: Hosts,
     full: Annotated[
         bool,
         typer.Option("--full/--quick", help="Workload sizes: quick (about 90 s on 2 cores) or full (the scale of real jobs)."),
@@ -336,8 +373,7 @@ def smoke(
     ] = False,
     extra_vars: ExtraVars = None,
     json: Json = False,
-    accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
+    ssh: Ssh,
 ) -> None:
     """Run the ML workloads on each host and hold every figure against the hardware's limit.
 
@@ -348,19 +384,19 @@ def smoke(
         "smoke",
         json,
         lambda on_progress: commands.smoke(
-            inventory,
-            limit=limit,
+            hosts.inventory,
+            limit=hosts.limit,
             profile="full" if full else "quick",
             baseline=baseline,
             extravars={**options.parse_extra_vars(extra_vars or []), **({"smoke_cluster": True} if cluster else {})},
-            accept_new_host_keys=accept_new_host_keys,
+            accept_new_host_keys=ssh.accept_new_host_keys,
             on_progress=on_progress,
             html=html,
             config_only=config_only,
         ),
         render.smoke_run,
         progress=True,
-        connect_timeout=connect_timeout,
+        ssh=ssh,
     )
 
 
@@ -520,35 +556,24 @@ def _lab_servers(servers: list[Any]) -> None:
 
 
 @serve_app.command("status")
-def serve_status(
-    inventory: Inventory = None,
-    limit: Limit = None,
-    json: Json = False,
-    accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
-) -> None:
+@_on_hosts
+def serve_status(*, hosts: Hosts, json: Json = False, ssh: Ssh) -> None:
     """Per host and worker: unit state, CPU slice, threads, model versions, cache and requests/s.
 
     Changes nothing; requests/s are counted over one second from each worker's own metrics. Exit code 1 when a worker is not active, not answering or not ready; 2 where no model server is deployed.
     """
-    _finish(
-        "serve status",
-        json,
-        lambda _: commands.serve_status(inventory, limit=limit, accept_new_host_keys=accept_new_host_keys),
-        render.serve_status,
-        connect_timeout=connect_timeout,
-    )
+    _read("serve status", json, hosts, ssh, commands.serve_status, render.serve_status)
 
 
 @serve_app.command("load")
+@_on_hosts
 def serve_load(
     model: Annotated[str, typer.Argument(help="NAME/VERSION of the model version to add, e.g. fraud/7.")],
     source: Annotated[Path, typer.Option("--from", help="Directory on this machine holding metadata.json and the model file.")],
-    inventory: Inventory = None,
-    limit: Limit = None,
+    *,
+    hosts: Hosts,
     json: Json = False,
-    accept_new_host_keys: AcceptNew = False,
-    connect_timeout: ConnectTimeout = commands.DEFAULT_CONNECT_TIMEOUT,
+    ssh: Ssh,
 ) -> None:
     """Add a model version to the registry and roll it in worker by worker, without dropping requests.
 
@@ -559,11 +584,16 @@ def serve_load(
         "serve load",
         json,
         lambda progress: commands.serve_load(
-            inventory, model, source, limit=limit, accept_new_host_keys=accept_new_host_keys, on_progress=progress
+            hosts.inventory,
+            model,
+            source,
+            limit=hosts.limit,
+            accept_new_host_keys=ssh.accept_new_host_keys,
+            on_progress=progress,
         ),
         render.run_summary,
         progress=True,
-        connect_timeout=connect_timeout,
+        ssh=ssh,
     )
 
 
