@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which("btrfs"):
             for loop in loops:  # drop the kernel's registration of this filesystem's devices
                 subprocess.run(["btrfs", "device", "scan", "--forget", loop], check=False, capture_output=True)
-        for loop, image in zip(loops, images):
+        for loop, image in zip(loops, images, strict=False):  # fewer loops where a losetup failed
             back = subprocess.run(["losetup", "--noheadings", "--output", "BACK-FILE", loop],
                                   capture_output=True, text=True).stdout.strip()
             if back == str(image):
