@@ -181,6 +181,23 @@ def test_trials_below_one_are_refused(trials):
         PlanOptions(trials=trials)
 
 
+# Options out of their range, as the inventory gives them: each refused naming itself and its bounds.
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"plan_serving_workers": 0}, "plan_serving_workers must be 1 or more"),
+        ({"plan_serving_threads_per_worker": "-1"}, "plan_serving_threads_per_worker must be 1 or more"),
+        ({"plan_serving_memory_share": 0.95}, "plan_serving_memory_share must be above 0 and at most 0.9"),
+        ({"plan_serving_memory_share": 0}, "plan_serving_memory_share must be above 0"),
+        ({"plan_ray_object_store_share": 0.7}, "plan_ray_object_store_share must be above 0 and at most 0.6"),
+        ({"plan_ray_object_store_share": 0}, "plan_ray_object_store_share must be above 0"),
+    ],
+)
+def test_options_out_of_range_are_refused_naming_their_bounds(variables, message):
+    with pytest.raises(PlanError, match=message):
+        PlanOptions.from_vars(variables)
+
+
 @pytest.mark.parametrize(("cores", "threads"), [(0, 2), (2, 0), (None, 2)])
 def test_facts_without_cores_or_threads_are_refused(vm, cores, threads):
     vm["cpu"]["cores"] = cores

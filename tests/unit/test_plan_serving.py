@@ -101,20 +101,6 @@ def test_too_little_memory_per_worker_is_refused():
     assert derive_plan(f, PlanOptions(serving_workers=1, serving_threads_per_worker=4)).serving["workers"] == 1
 
 
-@pytest.mark.parametrize(
-    ("variables", "message"),
-    [
-        ({"plan_serving_workers": 0}, "plan_serving_workers must be 1 or more"),
-        ({"plan_serving_threads_per_worker": "-1"}, "plan_serving_threads_per_worker must be 1 or more"),
-        ({"plan_serving_memory_share": 0.95}, "plan_serving_memory_share must be above 0 and at most 0.9"),
-        ({"plan_serving_memory_share": 0}, "plan_serving_memory_share must be above 0"),
-    ],
-)
-def test_bad_serving_options_are_refused(variables, message):
-    with pytest.raises(PlanError, match=message):
-        PlanOptions.from_vars(variables)
-
-
 def test_the_section_travels_as_json():
     plan = derive_plan(load("xeon_2s"))
     data = json.loads(json.dumps(plan.to_dict()))

@@ -59,18 +59,6 @@ def test_the_share_is_an_option():
     assert plan.value("ray_object_store_bytes") == int(f["memory"]["total_bytes"] * 0.1)
 
 
-@pytest.mark.parametrize(
-    ("variables", "message"),
-    [
-        ({"plan_ray_object_store_share": 0.7}, "plan_ray_object_store_share must be above 0 and at most 0.6"),
-        ({"plan_ray_object_store_share": 0}, "plan_ray_object_store_share must be above 0"),
-    ],
-)
-def test_bad_shares_are_refused(variables, message):
-    with pytest.raises(PlanError, match=message):
-        PlanOptions.from_vars(variables)
-
-
 def test_too_little_memory_is_refused_naming_the_fix():
     f = load("vm_2vcpu")
     f["memory"]["total_bytes"] = 200 * 1024**2
