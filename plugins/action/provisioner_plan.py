@@ -89,14 +89,10 @@ author:
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
-# The plan is the provisioner package's (galaxy.yml: it is installed on the control node).
-try:
+try:  # the provisioner package, installed on the control node (galaxy.yml)
     from provisioner.plan import PlanError, PlanOptions, derive_plan
-except ImportError as exc:  # ansible-playbook from a Python without the package
-    raise AnsibleError(
-        f"provisioner_plan needs the provisioner Python package on the control node ({exc}): "
-        "pip install provisioner into the Python that runs ansible-playbook"
-    ) from exc
+except ImportError as exc:
+    raise AnsibleError(f"provisioner_plan: pip install provisioner on the control node ({exc})") from exc
 
 
 def _plain(value):

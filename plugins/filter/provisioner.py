@@ -15,16 +15,12 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleError, AnsibleFilterError
 
-# The constants and the plan's rules are the provisioner package's (galaxy.yml: it is installed
-# on the control node); provisioner.constants reads plugins/module_utils/provisioner_constants.py.
+# The package reads plugins/module_utils/provisioner_constants.py; galaxy.yml: it is installed.
 try:
     from provisioner import constants
     from provisioner.plan import numa_balancing
-except ImportError as exc:  # ansible-playbook from a Python without the package
-    raise AnsibleError(
-        f"the provisioner filters need the provisioner Python package on the control node ({exc}): "
-        "pip install provisioner into the Python that runs ansible-playbook"
-    ) from exc
+except ImportError as exc:
+    raise AnsibleError(f"the provisioner filters: pip install provisioner on the control node ({exc})") from exc
 
 
 def provisioner_constant(name):

@@ -589,6 +589,15 @@ def test_check_refuses_bad_metadata_and_a_missing_listed_version(tmp_path: Path)
     config_path.write_text(json.dumps({"schema": 1}))
     result = run_check(config_path)
     assert result.returncode == 2 and "registry" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    # A file that is not a JSON object: the metadata and the config each named, one line.
+    (directory / "metadata.json").write_text("{not json")
+    write_config(config_path, registry, "all")
+    result = run_check(config_path)
+    assert result.returncode == 2 and "the model metadata is not valid JSON" in result.stderr, result.stderr
+    config_path.write_text("[1, 2]")
+    result = run_check(config_path)
+    assert result.returncode == 2 and "the serving config must be a JSON object; the serving role writes it" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def _catboost_model(directory: Path) -> Any:

@@ -103,17 +103,23 @@ def _int(doc: dict[str, Any], key: str, where: str, minimum: int = 0, maximum: i
     return value
 
 
+def json_object(path: str | Path, what: str, error: type[Exception], hint: str = "") -> dict[str, Any]:
+    """The JSON object in PATH; a file that cannot be read, is not JSON or holds no object raises
+    ERROR naming PATH and WHAT (HINT, where given, says what writes the file)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what} ({exc.strerror}){hint}") from None
+    except ValueError as exc:
+        raise error(f"{path}: the {what} is not valid JSON ({exc}){hint}") from None
+    if not isinstance(doc, dict):
+        raise error(f"{path}: the {what} must be a JSON object{hint}")
+    return doc
+
+
 def load_config(path: str) -> dict[str, Any]:
     """Read and check serving.json; every problem is one line naming the key."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read the serving config ({exc.strerror}); the serving role writes it") from None
-    except ValueError as exc:
-        raise BadInput(f"{path}: not valid JSON ({exc}); the serving role writes it") from None
-    if not isinstance(doc, dict):
-        raise BadInput(f"{path}: the serving config must be a JSON object")
+    doc = json_object(path, "serving config", BadInput, "; the serving role writes it")
     if doc.get("schema") != 1:
         raise BadInput(
             f"{path}: schema {doc.get('schema')!r} is not 1, the one this server reads; update the server with the role"
@@ -215,14 +221,7 @@ class Registry:
     def metadata(self, name: str, version: str) -> Metadata:
         directory = self.root / name / version
         path = directory / "metadata.json"
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ModelError(f"{path}: cannot read the model metadata ({exc.strerror})") from None
-        except ValueError as exc:
-            raise ModelError(f"{path}: the model metadata is not valid JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise ModelError(f"{path}: the model metadata must be a JSON object")
+        doc = json_object(path, "model metadata", ModelError)
         framework = doc.get("framework")
         if framework not in FRAMEWORKS:
             raise ModelError(f"{path}: framework {framework!r} is not one of {', '.join(FRAMEWORKS)}")
