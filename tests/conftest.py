@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 
 import pytest
 
@@ -61,9 +62,41 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class SharedLabScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            if name in SHARED_LAB:
-                return "shared-lab"
-            return name if name in OWN_LAB else nodeid
+            return unit_of_work(nodeid)
 
     return SharedLabScheduling(config, log)
+
+
+def unit_of_work(nodeid: str) -> str:
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    if name in SHARED_LAB:
+        return "shared-lab"
+    return name if name in OWN_LAB else nodeid
+
+
+# Where the suite's time goes, printed after the slowest tests: each worker's busy seconds (the
+# suite takes as long as the busiest; the gap to the other is idle time) and the largest units of
+# work, the unit tests counted as one, so a change to the suite's shape can be judged by them.
+_BUSY: defaultdict[str, float] = defaultdict(float)
+_UNITS: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # the xdist worker that ran it (on the controller)
+    _BUSY[node.gateway.id if node is not None else "main"] += report.duration
+    if report.nodeid.startswith("tests/unit/"):
+        unit = "tests/unit (all)"
+    elif "test_molecule.py::test_molecule[" in report.nodeid:
+        unit = "molecule " + report.nodeid.rsplit("[", 1)[-1].rstrip("]")
+    else:  # a test of its own counts with the rest of its file
+        unit = unit_of_work(report.nodeid).split("::", 1)[0].rsplit("/", 1)[-1]
+    _UNITS[unit] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _BUSY:
+        return
+    write = terminalreporter.write_line
+    write("busy seconds per worker: " + ", ".join(f"{w} {s:.0f}" for w, s in sorted(_BUSY.items())))
+    largest = sorted(_UNITS.items(), key=lambda kv: -kv[1])[:15]
+    write("largest units of work (s): " + ", ".join(f"{u} {s:.0f}" for u, s in largest))
