@@ -76,6 +76,8 @@ ansible_facts:
           C(l3_instances) and C(l3_total_kb) over all sockets.
         - C(cpu.core_cpus) lists the logical CPUs of each physical core (SMT siblings together), or is
           null when sysfs shows no sibling lists.
+        - C(block_devices[].uuid) is the UUID of what the whole drive holds (the filesystem all members of a
+          btrfs share, an md member's array), from lsblk, blkid -p or /sys/fs/btrfs, or null.
         - C(memory.total_bytes) is MemTotal; C(memory.installed_bytes) the RAM online in the kernel's
           memory blocks (the same across boots, unlike MemTotal), or null where there are none.
       type: dict
@@ -634,13 +636,14 @@ def parse_lsblk(json_text, root_disks=(), by_id=None, mounts_by_majmin=None):
                 holders=holders,
                 kind=kind,
                 root_disks=root_disks,
+                uuid=disk.get("uuid"),
             )
         )
     return devices
 
 
 def _device(name, path, size, model, serial, wwn, by_id, transport, rotational, removable, read_only,
-            mountpoints, partitions, signatures, holders, kind, root_disks, backing_file=None):
+            mountpoints, partitions, signatures, holders, kind, root_disks, backing_file=None, uuid=None):
     loop = kind == "loop" or name.startswith("loop")
     transport = _clean(transport)
     return {
@@ -665,6 +668,7 @@ def _device(name, path, size, model, serial, wwn, by_id, transport, rotational, 
         "loop": loop,
         "backing_file": backing_file,
         "type": kind or ("loop" if loop else "disk"),
+        "uuid": _clean(uuid),
     }
 
 
@@ -778,25 +782,66 @@ def root_disks_from(root, mounts):
     return disks
 
 
-def probe_signatures(device_path):
-    """``blkid -p`` on one device -> (signature names, "ok" | "failed").
+def probe_device(device_path):
+    """``blkid -p`` on one device -> (signature names, "ok" | "failed", UUID or None).
 
     blkid exits 0 when it found something, 2 when nothing (or on an error, which it prints),
-    8 when signatures are ambiguous (several found: the drive holds something).
+    8 when signatures are ambiguous (several found: the drive holds something).  The UUID is the
+    filesystem's (for a btrfs member, the filesystem all its members share) or the array's.
     """
     proc = run(["blkid", "-p", "-o", "export", device_path])
     if proc is None:
-        return [], "failed"
+        return [], "failed", None
     if proc.returncode == 8:
-        return ["ambiguous"], "ok"
+        return ["ambiguous"], "ok", None
     if proc.returncode not in (0, 2) or (proc.returncode == 2 and proc.stderr.strip()):
-        return [], "failed"
-    found = []
+        return [], "failed", None
+    found, uuid = [], None
     for line in proc.stdout.splitlines():
         key, _, value = line.partition("=")
         if key in ("TYPE", "PTTYPE") and value and value not in found:
             found.append(value)
-    return found, "ok"
+        elif key == "UUID" and value:
+            uuid = value
+    return found, "ok", uuid
+
+
+def probe_signatures(device_path):
+    """``blkid -p`` on one device -> (signature names, "ok" | "failed"); see probe_device."""
+    found, status, _uuid = probe_device(device_path)
+    return found, status
+
+
+UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def mounted_btrfs_members(root="/"):
+    """kernel name -> filesystem UUID for every device of a mounted btrfs (/sys/fs/btrfs/<fsid>/devices/).
+
+    The kernel lists every member there, while the mount table names one of them as the source;
+    readable without root and without a udev database (containers)."""
+    members: dict[str, str] = {}
+    for directory in sorted(glob.glob(path_in(root, "/sys/fs/btrfs/*/devices"))):
+        fsid = os.path.basename(os.path.dirname(directory))
+        if not UUID_RE.match(fsid):
+            continue
+        for entry in sorted(os.listdir(directory)):
+            members.setdefault(entry, fsid)
+    return members
+
+
+def _add_mounts_by_source(devices, mounts, root):
+    """A mount whose source names a device but whose maj:min does not (btrfs mounts carry an anonymous
+    0:N) still makes that device mounted: the /sys/block fall-back matches by maj:min only."""
+    for mount in mounts:
+        source = mount.get("source") or ""
+        if not source.startswith("/dev/"):
+            continue
+        name = os.path.basename(os.path.realpath(source) if root == "/" else source)
+        for device in devices:
+            if name in [device["name"], *device["partitions"]] and mount["mountpoint"] not in device["mountpoints"]:
+                device["mountpoints"].append(mount["mountpoint"])
+                device["mounted"] = True
 
 
 def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
@@ -815,7 +860,7 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
         proc = run(["lsblk", "-J", "-b", "-O"])
         if proc is None or proc.returncode != 0:
             proc = run(["lsblk", "-J", "-b", "-o", "NAME,KNAME,PATH,MAJ:MIN,TYPE,SIZE,FSTYPE,PTTYPE,MOUNTPOINT,"
-                                                    "ROTA,RM,RO,MODEL,SERIAL,WWN,TRAN"])
+                                                    "ROTA,RM,RO,MODEL,SERIAL,WWN,TRAN,UUID"])
         if proc is not None and proc.returncode == 0:
             try:
                 devices = parse_lsblk(proc.stdout, root_disks=root_disks, by_id=by_id,
@@ -829,6 +874,8 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
         devices = parse_sysfs_block(root, root_disks=root_disks, by_id=by_id,
                                     mounts_by_majmin=mounts_by_majmin, swaps=swaps)
         sources["block_devices"] = "sysfs"
+    _add_mounts_by_source(devices, mounts, root)
+    btrfs_members = mounted_btrfs_members(root)
 
     for device in devices:
         if device["loop"] and not device.get("backing_file"):
@@ -840,10 +887,16 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
                 device["mounted"] = True
         device["signature_probe"] = "skipped"
         if probe and root == "/" and not device["mounted"] and hasattr(os, "geteuid") and os.geteuid() == 0:
-            found, device["signature_probe"] = probe_signatures(device["path"])
+            found, device["signature_probe"], uuid = probe_device(device["path"])
+            device["uuid"] = device["uuid"] or uuid
             for signature in found:
                 if signature not in device["signatures"]:
                     device["signatures"].append(signature)
+        fsid = btrfs_members.get(device["name"])
+        if fsid:
+            device["uuid"] = device["uuid"] or fsid
+            if "btrfs" not in device["signatures"]:
+                device["signatures"].append("btrfs")
     return devices
 
 

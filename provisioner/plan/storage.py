@@ -50,6 +50,61 @@ def exclusion_reason(device: Mapping[str, Any], explicit: bool = False) -> str |
     return None
 
 
+def _only_at(device: Mapping[str, Any], mountpoint: str) -> bool:
+    """Mounted at the data mountpoint and nowhere else."""
+    points = [str(p).rstrip("/") or "/" for p in device.get("mountpoints") or []]
+    return points == [mountpoint.rstrip("/") or "/"]
+
+
+def _whole(device: Mapping[str, Any]) -> bool:
+    return not device.get("root_disk") and not device.get("partitions")
+
+
+def own_array(devices: list[Mapping[str, Any]], mountpoint: str, backend: str, level: str) -> set[str]:
+    """Kernel names of the drives of the data array already mounted at the data mountpoint, the one
+    an earlier run of this proposal built (see docs/storage.md, 'Re-running'): proposed again as they
+    are, so that the storage role adopts the array and changes nothing.  Empty when something else is
+    mounted there.
+
+    btrfs: the drive the mount table names is mounted there; its fellow members are not, but carry
+    the same filesystem UUID (facts: lsblk, blkid -p, /sys/fs/btrfs).  md: every member shows the
+    array's mountpoint through its one md holder.  mdadm single: XFS on the drive itself."""
+    at = [d for d in devices if _only_at(d, mountpoint) and _whole(d)]
+    if backend == "btrfs":
+        uuids = {d.get("uuid") for d in at if not d.get("holders") and set(d.get("signatures") or []) == {"btrfs"}}
+        if len(uuids) != 1 or None in uuids:
+            return set()
+        (uuid,) = uuids
+        return {
+            d["name"]
+            for d in devices
+            if d.get("uuid") == uuid
+            and _whole(d)
+            and not d.get("holders")
+            and set(d.get("signatures") or []) == {"btrfs"}
+            and (not d.get("mountpoints") or _only_at(d, mountpoint))
+        }
+    if level == "single":
+        found = [d for d in at if not d.get("holders") and set(d.get("signatures") or []) == {"xfs"}]
+        return {found[0]["name"]} if len(found) == 1 else set()
+    members = [
+        d
+        for d in at
+        if len(d.get("holders") or []) == 1
+        and str(d["holders"][0]).startswith("md")
+        and all(s == "linux_raid_member" or str(s).startswith("raid") for s in d.get("signatures") or [])
+    ]
+    if len({d["holders"][0] for d in members}) != 1:
+        return set()
+    return {d["name"] for d in members}
+
+
+def _as_unused(device: Mapping[str, Any]) -> dict[str, Any]:
+    """A drive of the existing data array judged without what that array puts on it (its mount, its
+    md holder, its signatures): every other reason still counts."""
+    return {**device, "mounted": False, "mountpoints": [], "holders": [], "signatures": []}
+
+
 def _find_device(devices: list[Mapping[str, Any]], wanted: str) -> Mapping[str, Any] | None:
     bare = wanted[len("/dev/") :] if wanted.startswith("/dev/") and "/" not in wanted[5:] else None
     for device in devices:
@@ -67,13 +122,14 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     level, backend = options.storage_level, options.storage_backend
     excluded: list[dict[str, Any]] = []
     candidates: list[Mapping[str, Any]] = []
+    own = own_array(devices, options.data_mountpoint, backend, level)
 
     if options.storage_devices:
         for wanted in options.storage_devices:
             device = _find_device(devices, wanted)
             if device is None:
                 raise PlanError(f"plan_storage_devices: {wanted} is not a block device on this host")
-            why = exclusion_reason(device, explicit=True)
+            why = exclusion_reason(_as_unused(device) if device["name"] in own else device, explicit=True)
             if why:
                 raise PlanError(f"plan_storage_devices: refusing {wanted}: {why}")
             candidates.append(device)
@@ -84,8 +140,13 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     else:
         # Loop devices are files, not drives: never proposed, and not worth listing (they come
         # and go with other software on the host, which would make the plan itself change).
-        for device in (d for d in devices if not d.get("loop")):
-            why = exclusion_reason(device)
+        listed = [d for d in devices if not d.get("loop")]
+        # The data array already there is the proposal: other free drives are not added to it.
+        others = (
+            f"not a drive of the data array already at {options.data_mountpoint}" if own & {d["name"] for d in listed} else None
+        )
+        for device in listed:
+            why = exclusion_reason(_as_unused(device)) if device["name"] in own else exclusion_reason(device) or others
             if why:
                 excluded.append({"name": device["name"], "path": device.get("path"), "reason": why})
             else:
@@ -112,6 +173,7 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
         "devices": [],
         "excluded": excluded,
         "usable_bytes": 0,
+        "existing": False,
         "reason": "",
     }
     need = MIN_DRIVES[level]
@@ -159,8 +221,12 @@ def plan_storage(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     if backend == "btrfs":
         proposal["metadata_profile"] = "raid1" if len(members) > 1 else "dup"
     what = "drive(s) from plan_storage_devices" if options.storage_devices else "unused NVMe drive(s)"
+    existing = all(m["name"] in own for m in members)
+    if existing:
+        what = f"drive(s) of the data array already at {options.data_mountpoint} (the storage role adopts it)"
     proposal.update(
         proposed=True,
+        existing=existing,
         devices=members,
         usable_bytes=usable,
         reason=(

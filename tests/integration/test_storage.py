@@ -437,3 +437,27 @@ def test_the_plan_proposal_is_built_only_when_confirmed(storage_lab, tmp_path):
     assert confirmed.rc == 0, confirmed.failures()
     assert ssh(server, "findmnt -n -o FSTYPE /scratch").stdout.strip() == "btrfs"
     assert "Data, RAID0" in ssh(server, "btrfs filesystem df /scratch").stdout
+
+
+@pytest.mark.lab
+def test_the_confirmed_proposal_run_twice_changes_nothing(storage_lab, tmp_path):
+    """The second run of a confirmed proposal: the plan recognises the btrfs it built at /scratch as its
+    own (one member is the mount's source, the other carries the same filesystem UUID) and proposes it
+    again, marked existing, instead of refusing /dev/loopN as "mounted at /scratch"; the role adopts it."""
+    drives, make_server = storage_lab
+    a, b = drives(), drives()
+    server = make_server("pv-storage-rerun", devices=[a, b])
+    confirmed = {"plan_storage_devices": [a, b], "plan_storage_backend": "btrfs", "plan_data_mountpoint": "/scratch",
+                 "storage_use_plan_proposal": True, "storage_allow_unstable_names": True}
+
+    first = play(server, tmp_path, confirmed)
+    assert first.rc == 0, first.failures()
+    assert ssh(server, "findmnt -n -o FSTYPE /scratch").stdout.strip() == "btrfs"
+    uuid = ssh(server, "findmnt -n -o UUID /scratch").stdout.strip()
+    fstab = ssh(server, "cat /etc/fstab").stdout
+
+    second = play(server, tmp_path, confirmed)
+    assert second.rc == 0, second.failures()
+    assert second.changed() == [], second.changed()
+    assert ssh(server, "findmnt -n -o UUID /scratch").stdout.strip() == uuid
+    assert ssh(server, "cat /etc/fstab").stdout == fstab
