@@ -3,7 +3,7 @@
 Pure functions (evaluate, peak derivation, regression and baseline comparison) plus the
 small history store under the state directory; `provisioner.commands.smoke` runs the
 playbook and `provisioner.report` renders the HTML. The figures come from
-roles/smoke/files/provisioner_smoke.py on the target; limits and their derivation follow
+provisioner/smoke/target (run on the target from the zipapp provisioner.smoke.zipapp builds); limits and their derivation follow
 docs/tuning.md, 'Smoke test limits' (which also gives each grade's reason and source):
 
 - compute peak = cores x FP64 FLOPs/cycle x clock (FP32: twice), the clock measured under

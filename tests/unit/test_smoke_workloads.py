@@ -12,6 +12,7 @@ import pytest
 import smoke_script
 
 from provisioner import report, smoke
+from provisioner.smoke import zipapp
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,7 +268,7 @@ def test_quick_gbdt_gives_each_thread_the_same_rows_within_bounds(script, thread
 def test_no_workload_sets_a_thread_limit_a_users_code_would_not():
     """Tuned figures measure plain code in the ML user's login shell: the environment decides every
     pool. Only the one-core reference runs limit threads (to 1), through _limits or a 1 argument."""
-    source = (ROOT / "roles/smoke/files/provisioner_smoke.py").read_text()
+    source = "\n".join(data.decode() for name, data in zipapp.sources().items() if name.endswith(".py"))
     for limit in ("inner_max_num_threads=", "parallel_config(", "set_num_threads(p[", "set_num_threads(cores",
                   "set_cpu_count(", 'nthread"] = p[', "set_intra_op_parallelism_threads", "set_inter_op_parallelism_threads",
                   "_limits(p[", "_limits(cores", "n_jobs=cores"):
@@ -299,11 +300,10 @@ def test_the_study_processes_get_what_ml_env_gives_a_trial(script, monkeypatch):
 
 PLAIN_SKLEARN = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
-import importlib.util
-spec = importlib.util.spec_from_file_location("provisioner_smoke", sys.argv[2])
-smoke = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(smoke)
+sys.path.insert(0, sys.argv[1])  # the zipapp: its workers' children import the workload code from it
+import provisioner.smoke
+from provisioner.smoke.target import parent as smoke
+assert provisioner.smoke.__file__.startswith(sys.argv[1]), provisioner.smoke.__file__
 smoke.PROFILES["quick"].update(sklearn_rows=2000, sklearn_trees=4, sklearn_grid_rows=1500, sklearn_grid_iter=2, sklearn_folds=2)
 print(json.dumps(smoke.w_sklearn({"profile": "quick", "mode": "tuned", "threads": 4, "workdir": sys.argv[3],
                                   "plan": {"joblib_workers": 2}})))
@@ -322,8 +322,9 @@ def test_the_workers_threads_check_catches_a_plain_search_that_oversubscribes(tm
     probe.write_text(PLAIN_SKLEARN)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4",
            "MKL_NUM_THREADS": "4", "LOKY_MAX_CPU_COUNT": "4", "PROVISIONER_THREADS": "4"}
-    r = subprocess.run([sys.executable, str(probe), str(ROOT), str(ROOT / "roles/smoke/files/provisioner_smoke.py"),
-                        str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    pyz = zipapp.build(tmp_path)
+    r = subprocess.run([sys.executable, str(probe), str(pyz), "-", str(tmp_path)], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     sk = json.loads(r.stdout.strip().splitlines()[-1])
     assert sk["grid"]["share"] == 2 and sk["grid"]["n_jobs"] == 2
@@ -332,10 +333,22 @@ def test_the_workers_threads_check_catches_a_plain_search_that_oversubscribes(tm
     assert c.figure == 4.0 and "provisioner up --tags mlstack,thread_env" in c.reason
 
 
+# The workers of a zipapp like the one the role ships: the archive's own entries, this __main__
+# (which adds the tasks below to the parent's) and the tasks as a module of the archive.
+CRASHING_MAIN = """
+import os, sys
+import provisioner.smoke
+from provisioner.smoke.target import parent as smoke
+import crashing
+
+# Not a copy the editable install or the source tree put on sys.path first.
+assert provisioner.smoke.__file__.startswith(os.path.abspath(sys.argv[0]) + "/"), provisioner.smoke.__file__
+smoke.WORKERS.update(after=crashing.after_its_result, before=crashing.before_its_result, pool=crashing.with_a_process_pool,
+                     children=crashing.children_import_the_archive)
+raise SystemExit(smoke.main(sys.argv[1:]))
+"""
 CRASHING_LIBRARY = """
 import ctypes, os, sys
-sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-import provisioner_smoke as smoke
 
 
 def after_its_result(p):
@@ -358,23 +371,41 @@ def with_a_process_pool(p):
     return {"pids": sorted(set(Parallel(n_jobs=2)(delayed(os.getpid)() for _ in range(8))))}
 
 
-smoke.WORKERS.update(after=after_its_result, before=before_its_result, pool=with_a_process_pool)
-sys.exit(smoke.main(sys.argv[1:]))
+def where(_):
+    import provisioner.smoke
+    return provisioner.smoke.__file__
+
+
+def children_import_the_archive(p):
+    # hpo's spawn pool and joblib's loky workers: a zip's __main__ is not re-run in a child, so
+    # what they are handed is imported by name, from the archive on the sys.path they inherit.
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from joblib import Parallel, delayed
+    from provisioner.smoke.target.parent import median
+
+    with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as pool:
+        spawn = list(pool.map(where, range(2))) + list(pool.map(median, [[1.0, 3.0]]))
+    loky = Parallel(n_jobs=2)(delayed(where)(i) for i in range(2)) + Parallel(n_jobs=2)(delayed(median)([1.0, 5.0]) for _ in range(1))
+    return {"spawn": spawn, "loky": loky}
 """
 
 
 @pytest.fixture
 def crashing_runner(script, tmp_path):
-    """The real runner, starting real worker processes of the real script with the tasks above."""
+    """The real runner, starting real worker processes of a zipapp of the real workload code with
+    the tasks above."""
     import argparse
-    import shutil
     import sys
+    import zipfile
 
-    shutil.copy(ROOT / "roles/smoke/files/provisioner_smoke.py", tmp_path / "provisioner_smoke.py")
-    wrapper = tmp_path / "crashing.py"
-    wrapper.write_text(CRASHING_LIBRARY)
+    entries = {**zipapp.sources(), "__main__.py": CRASHING_MAIN.encode(), "crashing.py": CRASHING_LIBRARY.encode()}
+    archive = tmp_path / "crashing.pyz"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name, data in sorted(entries.items()):
+            zf.writestr(name, data)
     args = argparse.Namespace(python=sys.executable, profile="quick", mode="baseline", user=None)
-    return script.Runner(args, str(wrapper), str(tmp_path), threads=2, trials=2)
+    return script.Runner(args, str(archive), str(tmp_path), threads=2, trials=2)
 
 
 def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(crashing_runner):
@@ -388,7 +419,7 @@ def test_a_worker_keeps_a_result_it_printed_and_a_crash_says_where_it_happened(c
     failed = runner.worker("before")["error"]
     assert failed.startswith("before: exited -11: terminate called without an active exception; "
                              "Fatal Python error: Segmentation fault; File "), failed
-    assert failed.endswith('crashing.py", line 17 in before_its_result'), failed
+    assert failed.endswith('crashing.pyz/crashing.py", line 15 in before_its_result'), failed
     assert "in string_at" in failed  # where it crashed, in the library
 
 
@@ -400,3 +431,12 @@ def test_a_worker_that_used_a_process_pool_returns_with_the_pool_gone(script, cr
     result = crashing_runner.worker("pool")
     assert "error" not in result and "exit_after_result" not in result, result
     assert result["pids"] and all(not Path(f"/proc/{pid}").exists() for pid in result["pids"]), result
+
+
+def test_a_workers_children_import_the_workload_code_from_its_archive(crashing_runner, tmp_path):
+    """For real: the spawn pool (hpo's) and joblib's loky workers a worker starts import what they
+    are handed from the zipapp the worker runs, by name: no __main__ script to re-run any more."""
+    result = crashing_runner.worker("children")
+    assert "error" not in result, result
+    inside = str(tmp_path / "crashing.pyz") + "/provisioner/smoke/__init__.py"
+    assert result["spawn"] == [inside, inside, 2.0] and result["loky"] == [inside, inside, 3.0], result

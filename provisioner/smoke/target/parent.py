@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """provisioner's workload smoke test: measure what the ML workloads get from this machine.
 
-    provisioner_smoke.py run --python /opt/mlstack/bin/python --user ml [--profile quick|full]
-    provisioner_smoke.py run --python /var/tmp/venv/bin/python --mode baseline
+    python3 provisioner_smoke-<sha12>.pyz run --python /opt/mlstack/bin/python --user ml [--profile quick|full]
+    python3 provisioner_smoke-<sha12>.pyz run --python /var/tmp/venv/bin/python --mode baseline
 
 Runs as root with the system Python and the standard library only. It reads the hardware
 (CPU, clock under load, DIMMs), the configuration as the workloads see it (thread settings in
@@ -18,6 +17,9 @@ workload in its own process inside the ML environment:
 Prints one JSON document with the raw figures; the control node holds them against the
 hardware's limits. A workload that cannot run (a library not installed) is reported as
 skipped with the reason; an error in one does not stop the others.
+
+It runs from the zipapp provisioner.smoke.zipapp builds on the control node; each worker runs a
+copy of the same archive (imported from the source tree, as the tests do, it builds one).
 """
 
 from __future__ import annotations
@@ -51,56 +53,142 @@ PLAN_FILE = "/etc/provisioner/plan.json"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # The plan's values the workloads follow in tuned mode (absent in an older plan: each workload
 # then derives its own from the cores, and says so).
-WORKLOAD_PLAN_VALUES = ("polars_threads", "arrow_cpu_threads", "joblib_workers", "dataloader_workers",
-                        "dataloader_threads", "tf_intra_op_threads", "tf_inter_op_threads", "feature_matrix_rows",
-                        "feature_matrix_features", "feature_matrix_bytes")
+WORKLOAD_PLAN_VALUES = (
+    "polars_threads",
+    "arrow_cpu_threads",
+    "joblib_workers",
+    "dataloader_workers",
+    "dataloader_threads",
+    "tf_intra_op_threads",
+    "tf_inter_op_threads",
+    "feature_matrix_rows",
+    "feature_matrix_features",
+    "feature_matrix_bytes",
+)
 
 # Workload sizes. quick: about 90 s on a 2-core machine; full: the scale of real jobs
 # (XGBoost hist on 10M rows, 100 trees, depth 10: the GBM-perf Airline setup).
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {
-        "gemm_n": 2048, "gemm_repeats": 3,
-        "triad_n": 20_000_000, "triad_repeats": 5,
+        "gemm_n": 2048,
+        "gemm_repeats": 3,
+        "triad_n": 20_000_000,
+        "triad_repeats": 5,
         # gbdt_rows: at most; gbdt_rows() gives each thread 125,000 of them.
-        "gbdt_rows": 1_000_000, "gbdt_cols": 28, "gbdt_depth": 8, "gbdt_trees": 100,
-        "gbdt_trees_one": 20, "gbdt_repeats": 1,
-        "mlp_batch": 2048, "mlp_width": 1024, "mlp_steps": 10, "mlp_repeats": 3,
-        "hpo_rows": 100_000, "hpo_trees": 40, "hpo_trials_per_worker": 2,
-        "parquet_rows": 4_000_000, "parquet_repeats": 3,
-        "infer_rows": 100_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 2000, "infer_repeats": 5,
-        "serving_rows": 20_000, "serving_trees": 200, "serving_depth": 6, "serving_calls": 2000,
-        "serving_seconds": 4, "serving_repeats": 1,
-        "sklearn_rows": 20_000, "sklearn_trees": 20, "sklearn_grid_rows": 10_000, "sklearn_grid_iter": 5,
+        "gbdt_rows": 1_000_000,
+        "gbdt_cols": 28,
+        "gbdt_depth": 8,
+        "gbdt_trees": 100,
+        "gbdt_trees_one": 20,
+        "gbdt_repeats": 1,
+        "mlp_batch": 2048,
+        "mlp_width": 1024,
+        "mlp_steps": 10,
+        "mlp_repeats": 3,
+        "hpo_rows": 100_000,
+        "hpo_trees": 40,
+        "hpo_trials_per_worker": 2,
+        "parquet_rows": 4_000_000,
+        "parquet_repeats": 3,
+        "infer_rows": 100_000,
+        "infer_trees": 200,
+        "infer_depth": 6,
+        "infer_calls": 2000,
+        "infer_repeats": 5,
+        "serving_rows": 20_000,
+        "serving_trees": 200,
+        "serving_depth": 6,
+        "serving_calls": 2000,
+        "serving_seconds": 4,
+        "serving_repeats": 1,
+        "sklearn_rows": 20_000,
+        "sklearn_trees": 20,
+        "sklearn_grid_rows": 10_000,
+        "sklearn_grid_iter": 5,
         "sklearn_folds": 3,
-        "features_rows": 1_000_000, "features_repeats": 3,
-        "matrix_share": None, "matrix_rows": 200_000, "matrix_folds": 4,
-        "loader_rows": 80_000, "loader_shards": 8, "loader_batch": 512, "loader_epochs": 1, "loader_width": 256,
-        "tf_batch": 1024, "tf_width": 512, "tf_steps": 10,
+        "features_rows": 1_000_000,
+        "features_repeats": 3,
+        "matrix_share": None,
+        "matrix_rows": 200_000,
+        "matrix_folds": 4,
+        "loader_rows": 80_000,
+        "loader_shards": 8,
+        "loader_batch": 512,
+        "loader_epochs": 1,
+        "loader_width": 256,
+        "tf_batch": 1024,
+        "tf_width": 512,
+        "tf_steps": 10,
         "timeout": 900,
     },
     "full": {
-        "gemm_n": 4096, "gemm_repeats": 5,
-        "triad_n": 80_000_000, "triad_repeats": 10,
-        "gbdt_rows": 10_000_000, "gbdt_cols": 28, "gbdt_depth": 10, "gbdt_trees": 100,
-        "gbdt_trees_one": 100, "gbdt_repeats": 3,
-        "mlp_batch": 4096, "mlp_width": 2048, "mlp_steps": 20, "mlp_repeats": 5,
-        "hpo_rows": 1_000_000, "hpo_trees": 100, "hpo_trials_per_worker": 4,
-        "parquet_rows": 40_000_000, "parquet_repeats": 5,
-        "infer_rows": 1_000_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 20000, "infer_repeats": 5,
-        "serving_rows": 200_000, "serving_trees": 200, "serving_depth": 6, "serving_calls": 20000,
-        "serving_seconds": 15, "serving_repeats": 3,
-        "sklearn_rows": 200_000, "sklearn_trees": 100, "sklearn_grid_rows": 100_000, "sklearn_grid_iter": 20,
+        "gemm_n": 4096,
+        "gemm_repeats": 5,
+        "triad_n": 80_000_000,
+        "triad_repeats": 10,
+        "gbdt_rows": 10_000_000,
+        "gbdt_cols": 28,
+        "gbdt_depth": 10,
+        "gbdt_trees": 100,
+        "gbdt_trees_one": 100,
+        "gbdt_repeats": 3,
+        "mlp_batch": 4096,
+        "mlp_width": 2048,
+        "mlp_steps": 20,
+        "mlp_repeats": 5,
+        "hpo_rows": 1_000_000,
+        "hpo_trees": 100,
+        "hpo_trials_per_worker": 4,
+        "parquet_rows": 40_000_000,
+        "parquet_repeats": 5,
+        "infer_rows": 1_000_000,
+        "infer_trees": 200,
+        "infer_depth": 6,
+        "infer_calls": 20000,
+        "infer_repeats": 5,
+        "serving_rows": 200_000,
+        "serving_trees": 200,
+        "serving_depth": 6,
+        "serving_calls": 20000,
+        "serving_seconds": 15,
+        "serving_repeats": 3,
+        "sklearn_rows": 200_000,
+        "sklearn_trees": 100,
+        "sklearn_grid_rows": 100_000,
+        "sklearn_grid_iter": 20,
         "sklearn_folds": 5,
-        "features_rows": 20_000_000, "features_repeats": 5,
-        "matrix_share": 0.5, "matrix_rows": None, "matrix_folds": 5,
-        "loader_rows": 4_000_000, "loader_shards": 32, "loader_batch": 1024, "loader_epochs": 2, "loader_width": 512,
-        "tf_batch": 4096, "tf_width": 2048, "tf_steps": 20,
+        "features_rows": 20_000_000,
+        "features_repeats": 5,
+        "matrix_share": 0.5,
+        "matrix_rows": None,
+        "matrix_folds": 5,
+        "loader_rows": 4_000_000,
+        "loader_shards": 32,
+        "loader_batch": 1024,
+        "loader_epochs": 2,
+        "loader_width": 512,
+        "tf_batch": 4096,
+        "tf_width": 2048,
+        "tf_steps": 20,
         "timeout": 7200,
     },
 }
 
-TASKS = ("gemm", "triad", "gbdt", "mlp", "hpo", "parquet", "inference", "serving", "sklearn", "features", "matrix",
-         "dataloader", "tensorflow")
+TASKS = (
+    "gemm",
+    "triad",
+    "gbdt",
+    "mlp",
+    "hpo",
+    "parquet",
+    "inference",
+    "serving",
+    "sklearn",
+    "features",
+    "matrix",
+    "dataloader",
+    "tensorflow",
+)
 # Run only when named (--only): the distributed trials on a Ray cluster, driven from its head.
 CLUSTER_TASKS = ("cluster",)
 RAY_CONFIG = "/etc/provisioner/ray/ray.json"
@@ -230,13 +318,15 @@ def memory_devices() -> dict[str, Any]:
         rated = re.search(r"^\s*Speed:\s*(\d+)\s*(MT/s|MHz)", block, re.M)
         kind = re.search(r"^\s*Type:\s*(\S+)", block, re.M)
         locator = re.search(r"^\s*Locator:\s*(.+)$", block, re.M)
-        dimms.append({
-            "size": size.group(1).strip(),
-            "type": kind.group(1) if kind else None,
-            "configured_mts": int(speed.group(1)) if speed else None,
-            "rated_mts": int(rated.group(1)) if rated else None,
-            "locator": locator.group(1).strip() if locator else None,
-        })
+        dimms.append(
+            {
+                "size": size.group(1).strip(),
+                "type": kind.group(1) if kind else None,
+                "configured_mts": int(speed.group(1)) if speed else None,
+                "rated_mts": int(rated.group(1)) if rated else None,
+                "locator": locator.group(1).strip() if locator else None,
+            }
+        )
     return {"source": "dmidecode -t 17", "dimms": dimms}
 
 
@@ -288,14 +378,20 @@ def configuration(user: str | None, data_dir: str) -> dict[str, Any]:
 
 
 def data_mount(path: str) -> dict[str, Any]:
-    r = subprocess.run(["findmnt", "-J", "-T", path, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"],
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        ["findmnt", "-J", "-T", path, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"], capture_output=True, text=True, check=False
+    )
     try:
         fs = json.loads(r.stdout)["filesystems"][0]
     except (ValueError, KeyError, IndexError):
         return {"path": path, "error": (r.stderr or "findmnt found nothing").strip()}
-    return {"path": path, "target": fs.get("target"), "source": fs.get("source"), "fstype": fs.get("fstype"),
-            "options": fs.get("options", "").split(",")}
+    return {
+        "path": path,
+        "target": fs.get("target"),
+        "source": fs.get("source"),
+        "fstype": fs.get("fstype"),
+        "options": fs.get("options", "").split(","),
+    }
 
 
 def drop_caches() -> str | None:
@@ -332,17 +428,30 @@ class Runner:
         self.plan: dict[str, Any] = {}
 
     def worker(self, task: str, **extra: Any) -> dict[str, Any]:
-        params = {"task": task, "profile": self.args.profile, "mode": self.args.mode, "threads": self.threads,
-                  "trials": self.trials, "workdir": self.workdir,
-                  "plan": {k: self.plan.get(k) for k in WORKLOAD_PLAN_VALUES}, **extra}
+        params = {
+            "task": task,
+            "profile": self.args.profile,
+            "mode": self.args.mode,
+            "threads": self.threads,
+            "trials": self.trials,
+            "workdir": self.workdir,
+            "plan": {k: self.plan.get(k) for k in WORKLOAD_PLAN_VALUES},
+            **extra,
+        }
         cmd = [self.args.python, self.script, "worker", json.dumps(params)]
         if self.args.mode == "tuned":
             argv = ["runuser", "-l", self.args.user, "-c", shlex.join(cmd)]
         else:
             argv = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", f"HOME={self.workdir}", "LANG=C.UTF-8", *cmd]
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=PROFILES[self.args.profile]["timeout"],
-                               cwd=self.workdir, check=False)
+            r = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=PROFILES[self.args.profile]["timeout"],
+                cwd=self.workdir,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"{task}: no result within {PROFILES[self.args.profile]['timeout']} s"}
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
@@ -374,6 +483,29 @@ def _terminated(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks: servers stopped, work files removed
 
 
+ARCHIVE = "provisioner_smoke.pyz"
+
+
+def running_archive() -> str | None:
+    """The zipapp this process runs from, if it runs from one."""
+    loader = getattr(sys.modules["__main__"], "__loader__", None)
+    archive = getattr(loader, "archive", None)
+    return archive if isinstance(archive, str) and os.path.isfile(archive) else None
+
+
+def worker_archive(dest: str) -> None:
+    """The archive the workers run, where the ML user can read it (Ansible's temporary directory is
+    root's): a copy of the running one; imported from the source tree (the tests), a fresh build."""
+    source = running_archive()
+    if source:
+        shutil.copyfile(source, dest)
+    else:
+        from provisioner.smoke import zipapp  # the control node's package: never reached in the archive
+
+        zipapp.build(os.path.dirname(dest), os.path.basename(dest))
+    os.chmod(dest, 0o644)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.time()
     signal.signal(signal.SIGTERM, _terminated)
@@ -403,8 +535,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "kernel": platform.release(),
         "cpu": cpu,
         "memory": {"total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), **memory_devices()},
-        "plan": {k: plan.get(k) for k in ("threads_per_job", "trials", "threads_per_trial", "thp_enabled",
-                                          "thp_defrag", "cpu_governor", "blas", *WORKLOAD_PLAN_VALUES)},
+        "plan": {
+            k: plan.get(k)
+            for k in (
+                "threads_per_job",
+                "trials",
+                "threads_per_trial",
+                "thp_enabled",
+                "thp_defrag",
+                "cpu_governor",
+                "blas",
+                *WORKLOAD_PLAN_VALUES,
+            )
+        },
         "threads": threads,
         "trials": trials,
         "data_dir": data_dir,
@@ -417,17 +560,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix="provisioner-smoke-", dir=data_dir)
     try:
         os.chmod(workdir, 0o755)
-        script = os.path.join(workdir, "provisioner_smoke.py")
-        shutil.copyfile(os.path.abspath(__file__), script)
-        os.chmod(script, 0o644)
+        script = os.path.join(workdir, ARCHIVE)
+        worker_archive(script)
         if args.mode == "tuned":
             pw = pwd.getpwnam(args.user)
             os.chown(workdir, pw.pw_uid, pw.pw_gid)
         runner = Runner(args, script, workdir, threads, trials)
         runner.serving_plan = serving_plan
         runner.plan = plan
-        chosen = [] if args.config_only else (
-            [t for t in TASKS if not args.only or t in args.only] + [t for t in CLUSTER_TASKS if t in (args.only or ())])
+        chosen = (
+            []
+            if args.config_only
+            else ([t for t in TASKS if not args.only or t in args.only] + [t for t in CLUSTER_TASKS if t in (args.only or ())])
+        )
         for task in chosen:
             t0 = time.monotonic()
             if task == "gemm":
@@ -435,9 +580,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result = runner.worker(task)
                 result["clock_mhz_under_load"] = median(clock.samples) if clock.samples else None
                 result["clock_source"] = (
-                    "cpufreq scaling_cur_freq under DGEMM load" if cpu["cpufreq"]
+                    "cpufreq scaling_cur_freq under DGEMM load"
+                    if cpu["cpufreq"]
                     else "/proc/cpuinfo cpu MHz under DGEMM load (no cpufreq driver: the hypervisor's or firmware's "
-                         "nominal clock; boost may run above it)")
+                    "nominal clock; boost may run above it)"
+                )
                 # Right after the DGEMM runs: the clock counted in cycles, on one core and on all at once.
                 result["clock_loop"] = runner.worker("clock")
             elif task == "parquet":
@@ -536,7 +683,9 @@ def parse_wrk(text: str) -> dict[str, Any]:
     if done:
         out["requests"], out["seconds"] = int(done.group(1)), _ms(done.group(2), done.group(3)) / 1000
     sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
-    out["socket_errors"] = dict(zip(("connect", "read", "write", "timeout"), map(int, sock.groups()), strict=True)) if sock else {}
+    out["socket_errors"] = (
+        dict(zip(("connect", "read", "write", "timeout"), map(int, sock.groups()), strict=True)) if sock else {}
+    )
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     out["non_2xx"] = int(non2xx.group(1)) if non2xx else 0
     return out
@@ -589,10 +738,17 @@ def deployed_server(path: str) -> tuple[dict[str, Any] | None, str | None]:
     elif host == "::":
         host = "::1"
     where = f"[{host}]" if ":" in host else host
-    return {"target": "deployed", "config": path, "registry": registry, "name": model["name"],
-            "version": model["version"], "framework": model.get("framework"), "features": features,
-            "url": f"http://{where}:{port}/v1/models/{model['name']}/{model['version']}/predict",
-            "workers": config.get("workers", [])}, None
+    return {
+        "target": "deployed",
+        "config": path,
+        "registry": registry,
+        "name": model["name"],
+        "version": model["version"],
+        "framework": model.get("framework"),
+        "features": features,
+        "url": f"http://{where}:{port}/v1/models/{model['name']}/{model['version']}/predict",
+        "workers": config.get("workers", []),
+    }, None
 
 
 def free_ports(count: int) -> int:
@@ -631,11 +787,15 @@ def serving_workers(mode: str, plan: dict[str, Any] | None) -> tuple[list[dict[s
             raise RuntimeError("the plan has no serving section (workers, worker_cpus): run provisioner up again")
         threads = int(plan["threads_per_worker"])
         cpus = plan["worker_cpus"]
-        return ([{"index": i, "cpus": list(c), "threads": threads} for i, c in enumerate(cpus[: int(plan["workers"])])],
-                f"the plan: {plan['workers']} workers x {threads} thread(s), each on its own CPUs")
+        return (
+            [{"index": i, "cpus": list(c), "threads": threads} for i, c in enumerate(cpus[: int(plan["workers"])])],
+            f"the plan: {plan['workers']} workers x {threads} thread(s), each on its own CPUs",
+        )
     allowed = sorted(os.sched_getaffinity(0))
-    return ([{"index": 0, "cpus": allowed, "threads": len(allowed)}],
-            f"naive: one worker, the libraries' default {len(allowed)} threads (one per CPU), no affinity of its own")
+    return (
+        [{"index": 0, "cpus": allowed, "threads": len(allowed)}],
+        f"naive: one worker, the libraries' default {len(allowed)} threads (one per CPU), no affinity of its own",
+    )
 
 
 def _stop(procs: list[subprocess.Popen]) -> list[dict[str, Any]]:
@@ -694,14 +854,12 @@ def serving(runner: Runner, cpu: dict[str, Any]) -> dict[str, Any]:
     if not wrk:
         return {"skipped": f"wrk is not installed (the Debian package {WRK_PACKAGE}; role common installs it)"}
     args, s = runner.args, PROFILES[runner.args.profile]
-    here = os.path.dirname(os.path.abspath(__file__))
-    source = args.serve_script or next(
-        (p for p in (os.path.join(here, "provisioner_serve.py"),
-                     os.path.join(here, "..", "..", "serving", "files", "provisioner_serve.py")) if os.path.isfile(p)),
-        None)
+    source = args.serve_script
     if not source or not os.path.isfile(source):
-        return {"error": f"serving: the model server script is missing ({source or 'provisioner_serve.py'}): "
-                         "the smoke role ships it from roles/serving/files"}
+        return {
+            "error": f"serving: the model server script is missing ({source or 'no --serve-script'}): "
+            "the smoke role ships it from roles/serving/files"
+        }
     serve = os.path.join(runner.workdir, "provisioner_serve.py")
     shutil.copyfile(source, serve)
     os.chmod(serve, 0o644)
@@ -712,20 +870,43 @@ def serving(runner: Runner, cpu: dict[str, Any]) -> dict[str, Any]:
         if args.mode == "tuned":
             os.chown(registry, *(lambda pw: (pw.pw_uid, pw.pw_gid))(pwd.getpwnam(args.user)))
         features = [f"f{i}" for i in range(28)]
-        model = runner.worker("serving_model", serve_script=serve, registry=registry, name="smoke", version="1",
-                              features=features, row=_row(features), train=True)
+        model = runner.worker(
+            "serving_model",
+            serve_script=serve,
+            registry=registry,
+            name="smoke",
+            version="1",
+            features=features,
+            row=_row(features),
+            train=True,
+        )
     else:
         features = target["features"]
-        model = runner.worker("serving_model", serve_script=serve, registry=target["registry"], name=target["name"],
-                              version=target["version"], features=features, row=_row(features), train=False)
+        model = runner.worker(
+            "serving_model",
+            serve_script=serve,
+            registry=target["registry"],
+            name=target["name"],
+            version=target["version"],
+            features=features,
+            row=_row(features),
+            train=False,
+        )
     if "error" in model or "skipped" in model:
         if target is None or "skipped" in model:
             return model
         model = {"inproc": None, "inproc_error": model["error"]}  # the endpoint is still measured
-    out: dict[str, Any] = {"target": "throwaway" if target is None else "deployed", "why_target": why, **model,
-                           "levels": [], "wrk": "wrk -t1 --latency, a POST of one JSON row (post.lua)"}
+    out: dict[str, Any] = {
+        "target": "throwaway" if target is None else "deployed",
+        "why_target": why,
+        **model,
+        "levels": [],
+        "wrk": "wrk -t1 --latency, a POST of one JSON row (post.lua)",
+    }
     version = subprocess.run([wrk, "--version"], capture_output=True, text=True, check=False)
-    out["wrk_version"] = (version.stdout or version.stderr).strip().splitlines()[0] if (version.stdout or version.stderr) else None
+    out["wrk_version"] = (
+        (version.stdout or version.stderr).strip().splitlines()[0] if (version.stdout or version.stderr) else None
+    )
     body = json.dumps({"features": _row(features)}, separators=(",", ":"))
     lua = os.path.join(runner.workdir, "post.lua")
     with open(lua, "w", encoding="utf-8") as f:
@@ -735,9 +916,19 @@ def serving(runner: Runner, cpu: dict[str, Any]) -> dict[str, Any]:
         if target is None:
             workers, how = serving_workers(args.mode, runner.serving_plan)
             port, admin = free_ports(1), free_ports(len(workers))
-            config = {"schema": 1, "registry": registry, "listen": "127.0.0.1", "port": port, "admin_port_base": admin,
-                      "workers": workers, "cache_budget_bytes": 1 << 30, "models": [{"name": "smoke", "version": "1"}],
-                      "max_body_bytes": 1 << 20, "max_batch_rows": 10000, "warmup_requests": 20}
+            config = {
+                "schema": 1,
+                "registry": registry,
+                "listen": "127.0.0.1",
+                "port": port,
+                "admin_port_base": admin,
+                "workers": workers,
+                "cache_budget_bytes": 1 << 30,
+                "models": [{"name": "smoke", "version": "1"}],
+                "max_body_bytes": 1 << 20,
+                "max_batch_rows": 10000,
+                "warmup_requests": 20,
+            }
             cfg = os.path.join(runner.workdir, "serving.json")
             with open(cfg, "w", encoding="utf-8") as f:
                 json.dump(config, f)
@@ -750,18 +941,37 @@ def serving(runner: Runner, cpu: dict[str, Any]) -> dict[str, Any]:
             logs = [os.path.join(runner.workdir, f"serve-{w['index']}.log") for w in workers]
             for w, log in zip(workers, logs, strict=True):
                 with open(log, "w", encoding="utf-8") as err:
-                    procs.append(subprocess.Popen(
-                        [args.python, serve, "--config", cfg, "--worker", str(w["index"])], env=env, cwd=runner.workdir,
-                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, **ids))
+                    procs.append(
+                        subprocess.Popen(
+                            [args.python, serve, "--config", cfg, "--worker", str(w["index"])],
+                            env=env,
+                            cwd=runner.workdir,
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL,
+                            stderr=err,
+                            start_new_session=True,
+                            **ids,
+                        )
+                    )
             t0 = time.monotonic()
             _wait_ready(procs, admin, logs)
             url = f"http://127.0.0.1:{port}/v1/models/smoke/1/predict"
-            out.update(url=url, workers=workers, workers_how=how, ready_s=round(time.monotonic() - t0, 2),
-                       run_as=args.user if args.mode == "tuned" else "root")
+            out.update(
+                url=url,
+                workers=workers,
+                workers_how=how,
+                ready_s=round(time.monotonic() - t0, 2),
+                run_as=args.user if args.mode == "tuned" else "root",
+            )
         else:
             url = target["url"]
-            out.update(url=url, workers=target["workers"], workers_how=f"deployed ({target['config']})",
-                       model_name=f"{target['name']}/{target['version']}", framework=target["framework"])
+            out.update(
+                url=url,
+                workers=target["workers"],
+                workers_how=f"deployed ({target['config']})",
+                model_name=f"{target['name']}/{target['version']}",
+                framework=target["framework"],
+            )
         status, answer = _http(url, body.encode())
         if status != 200 or not isinstance(answer, dict) or "prediction" not in answer:
             raise RuntimeError(f"a predict request to {url} answered {status or 'nothing'}: {str(answer)[:200]}")
@@ -795,8 +1005,10 @@ def serving(runner: Runner, cpu: dict[str, Any]) -> dict[str, Any]:
 LOOP_ADDS = 64
 LOOP_SECONDS = 0.05  # one repeat
 LOOP_REPEATS = 7
-LOOP_METHOD = (f"a chain of dependent `add rax, rdx` (1 cycle each) over the thread's CPU time, fastest of "
-               f"{LOOP_REPEATS} repeats of {LOOP_SECONDS * 1000:.0f} ms per core")
+LOOP_METHOD = (
+    f"a chain of dependent `add rax, rdx` (1 cycle each) over the thread's CPU time, fastest of "
+    f"{LOOP_REPEATS} repeats of {LOOP_SECONDS * 1000:.0f} ms per core"
+)
 
 
 def _add_loop():
@@ -813,8 +1025,10 @@ def _add_loop():
     try:
         page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     except OSError as exc:
-        return (f"an executable memory mapping is refused ({exc.strerror or exc}: e.g. systemd's "
-                "MemoryDenyWriteExecute or SELinux execmem)")
+        return (
+            f"an executable memory mapping is refused ({exc.strerror or exc}: e.g. systemd's "
+            "MemoryDenyWriteExecute or SELinux execmem)"
+        )
     page.write(code)
     fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
 
@@ -895,11 +1109,18 @@ def w_clock(p: dict[str, Any]) -> dict[str, Any]:
     if failed:
         return {"error": f"clock: {failed[0]}"}
     per_core = [max(got[cpu][0]) for cpu in cpus]
-    return {"method": LOOP_METHOD, "adds_per_iteration": LOOP_ADDS,
-            "one": {"cpu": cpus[0], "mhz": max(one), "repeats_mhz": one, "on_cpu": one_on_cpu},
-            "all": {"cpus": cpus, "mhz": median(per_core), "per_core_mhz": per_core,
-                    "repeats_mhz": [got[cpu][0] for cpu in cpus], "on_cpu": [got[cpu][1] for cpu in cpus]}}
-
+    return {
+        "method": LOOP_METHOD,
+        "adds_per_iteration": LOOP_ADDS,
+        "one": {"cpu": cpus[0], "mhz": max(one), "repeats_mhz": one, "on_cpu": one_on_cpu},
+        "all": {
+            "cpus": cpus,
+            "mhz": median(per_core),
+            "per_core_mhz": per_core,
+            "repeats_mhz": [got[cpu][0] for cpu in cpus],
+            "on_cpu": [got[cpu][1] for cpu in cpus],
+        },
+    }
 
 
 # What the workloads measure in tuned mode: the code a user writes, in the ML user's login shell,
@@ -985,9 +1206,14 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
     n = s["gemm_n"]
     tuned = p["mode"] == "tuned"
     info = threadpool_info()
-    out: dict[str, Any] = {"n": n, "blas": [
-        {k: i.get(k) for k in ("internal_api", "architecture", "num_threads", "version", "filepath")}
-        for i in info if i.get("user_api") == "blas"]}
+    out: dict[str, Any] = {
+        "n": n,
+        "blas": [
+            {k: i.get(k) for k in ("internal_api", "architecture", "num_threads", "version", "filepath")}
+            for i in info
+            if i.get("user_api") == "blas"
+        ],
+    }
     out["kernel_check"] = blas_kernel_verdict(info)
     for dtype in ("float64", "float32"):
         a = np.random.default_rng(1).standard_normal((n, n)).astype(dtype)
@@ -1001,8 +1227,11 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
                     a @ b
                     times.append(time.perf_counter() - t0)
             key = f"{'d' if dtype == 'float64' else 's'}gemm_{label}"
-            out[key] = {"gflops": 2 * n**3 / median(times) / 1e9, "times_s": times,
-                        "threads": threads if threads else (_blas_threads() if tuned else "library default")}
+            out[key] = {
+                "gflops": 2 * n**3 / median(times) / 1e9,
+                "times_s": times,
+                "threads": threads if threads else (_blas_threads() if tuned else "library default"),
+            }
     return out
 
 
@@ -1037,8 +1266,7 @@ def w_triad(p: dict[str, Any]) -> dict[str, Any]:
         times = times[1:]
         arrays, how, threads = 5, "numpy multiply then add (two passes, 5 arrays of traffic; torch not installed)", 1
     moved = arrays * 8 * n
-    return {"n": n, "bytes_moved": moved, "how": how, "threads": threads, "times_s": times,
-            "gbps": moved / median(times) / 1e9}
+    return {"n": n, "bytes_moved": moved, "how": how, "threads": threads, "times_s": times, "gbps": moved / median(times) / 1e9}
 
 
 def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple[float, float]:
@@ -1066,8 +1294,14 @@ def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple
     elif lib == "lightgbm":
         import lightgbm as lgb
 
-        params = {"objective": "binary", "num_leaves": 2**depth - 1, "max_depth": depth, "verbose": -1,
-                  "max_bin": 255, "force_col_wise": True}
+        params = {
+            "objective": "binary",
+            "num_leaves": 2**depth - 1,
+            "max_depth": depth,
+            "verbose": -1,
+            "max_bin": 255,
+            "force_col_wise": True,
+        }
         if threads:
             params["num_threads"] = threads
         ds = lgb.Dataset(x, label=y, params={"verbose": -1, "max_bin": 255})
@@ -1084,8 +1318,13 @@ def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple
 
         pool = cb.Pool(x, label=y)
         pool.quantize(border_count=254)
-        model = cb.CatBoostClassifier(iterations=trees, depth=depth, verbose=False, allow_writing_files=False,
-                                      **({"thread_count": threads} if threads else {}))
+        model = cb.CatBoostClassifier(
+            iterations=trees,
+            depth=depth,
+            verbose=False,
+            allow_writing_files=False,
+            **({"thread_count": threads} if threads else {}),
+        )
         t0 = time.perf_counter()
         model.fit(pool, callbacks=[CbMark()])
     total = time.perf_counter() - t0
@@ -1116,10 +1355,13 @@ def w_gbdt(p: dict[str, Any]) -> dict[str, Any]:
         res: dict[str, Any] = {"version": __import__(lib).__version__}
         for label, threads, trees in (("all", None, s["gbdt_trees"]), ("one", 1, s["gbdt_trees_one"])):
             runs = [_train(lib, x, y, trees, s["gbdt_depth"], threads) for _ in range(s["gbdt_repeats"])]
-            res[label] = {"trees": trees, "threads": threads or _env_default(tuned, "OMP_NUM_THREADS"),
-                          "times_s": [r[0] for r in runs],
-                          "row_trees_per_s": rows / median([r[1] for r in runs]),
-                          "row_trees_per_s_with_setup": rows * trees / median([r[0] for r in runs])}
+            res[label] = {
+                "trees": trees,
+                "threads": threads or _env_default(tuned, "OMP_NUM_THREADS"),
+                "times_s": [r[0] for r in runs],
+                "row_trees_per_s": rows / median([r[1] for r in runs]),
+                "row_trees_per_s_with_setup": rows * trees / median([r[0] for r in runs]),
+            }
         out[lib] = res
     return out
 
@@ -1141,8 +1383,9 @@ def w_mlp(p: dict[str, Any]) -> dict[str, Any]:
         torch.mm(a, b)
         times.append(time.perf_counter() - t0)
     sgemm = 2 * n**3 / median(times) / 1e9
-    model = torch.nn.Sequential(torch.nn.Linear(inputs, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(inputs, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(batch, inputs), torch.randn(batch, 1)
     loss_fn = torch.nn.MSELoss()
@@ -1162,10 +1405,19 @@ def w_mlp(p: dict[str, Any]) -> dict[str, Any]:
         step_times.append((time.perf_counter() - t0) / s["mlp_steps"])
     weights = inputs * width + width * width + width
     flops = 6 * batch * weights  # forward 2, backward 4 FLOPs per weight and sample
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
-            "mkl": torch.backends.mkl.is_available(), "mkldnn": torch.backends.mkldnn.is_available(),
-            "batch": batch, "width": width, "step_s": step_times, "samples_per_s": batch / median(step_times),
-            "gflops": flops / median(step_times) / 1e9, "sgemm_gflops": sgemm, "sgemm_n": n}
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "mkl": torch.backends.mkl.is_available(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "batch": batch,
+        "width": width,
+        "step_s": step_times,
+        "samples_per_s": batch / median(step_times),
+        "gflops": flops / median(step_times) / 1e9,
+        "sgemm_gflops": sgemm,
+        "sgemm_n": n,
+    }
 
 
 _TRIAL_DATA: dict[int, Any] = {}
@@ -1197,22 +1449,31 @@ def _trial(args: tuple[dict[str, Any], int | None, int, int, str]) -> float:
         import lightgbm as lgb
 
         extra = {"num_threads": threads} if threads else {}
-        booster = lgb.train({"objective": "binary", "verbose": -1, **params, **extra}, lgb.Dataset(x, label=y),
-                            num_boost_round=trees)
+        booster = lgb.train(
+            {"objective": "binary", "verbose": -1, **params, **extra}, lgb.Dataset(x, label=y), num_boost_round=trees
+        )
         pred = booster.predict(x[:10000])
     elif lib == "sklearn":
         from sklearn.ensemble import HistGradientBoostingClassifier
 
-        model = HistGradientBoostingClassifier(max_iter=trees, max_leaf_nodes=params["num_leaves"], max_depth=params["max_depth"],
-                                               learning_rate=params["learning_rate"], early_stopping=False)
+        model = HistGradientBoostingClassifier(
+            max_iter=trees,
+            max_leaf_nodes=params["num_leaves"],
+            max_depth=params["max_depth"],
+            learning_rate=params["learning_rate"],
+            early_stopping=False,
+        )
         pred = model.fit(x, y).predict_proba(x[:10000])[:, 1]
     else:
         import xgboost as xgb
 
         extra = {"nthread": threads} if threads else {}
         mapped = {"max_depth": params["max_depth"], "learning_rate": params["learning_rate"]}
-        xgb_booster = xgb.train({"tree_method": "hist", "objective": "binary:logistic", **mapped, **extra},
-                                xgb.DMatrix(x, label=y), num_boost_round=trees)
+        xgb_booster = xgb.train(
+            {"tree_method": "hist", "objective": "binary:logistic", **mapped, **extra},
+            xgb.DMatrix(x, label=y),
+            num_boost_round=trees,
+        )
         pred = xgb_booster.predict(xgb.DMatrix(x[:10000]))
     eps = 1e-7
     return float(-np.mean(y[:10000] * np.log(pred + eps) + (1 - y[:10000]) * np.log(1 - pred + eps)))
@@ -1239,8 +1500,11 @@ def _study_process(args: tuple[str, int, int | None, int, int, str, int]) -> int
 
     def objective(trial) -> float:
         trial.set_user_attr("pid", os.getpid())
-        params = {"num_leaves": trial.suggest_int("num_leaves", 15, 255), "max_depth": trial.suggest_int("max_depth", 4, 10),
-                  "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True)}
+        params = {
+            "num_leaves": trial.suggest_int("num_leaves", 15, 255),
+            "max_depth": trial.suggest_int("max_depth", 4, 10),
+            "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
+        }
         return _trial((params, threads, rows, trees, lib))
 
     # The enqueued parameter sets come first, each taken by exactly one process through the journal.
@@ -1252,9 +1516,14 @@ def _study_process(args: tuple[str, int, int | None, int, int, str, int]) -> int
 def _hpo_queue(count: int) -> list[dict[str, Any]]:
     """The study's parameter sets, the same in every run (enqueued in order)."""
     rng = random.Random(0)
-    return [{"num_leaves": rng.randint(15, 255), "max_depth": rng.randint(4, 10),
-             "learning_rate": round(math.exp(rng.uniform(math.log(0.02), math.log(0.3))), 4)}
-            for _ in range(count)]
+    return [
+        {
+            "num_leaves": rng.randint(15, 255),
+            "max_depth": rng.randint(4, 10),
+            "learning_rate": round(math.exp(rng.uniform(math.log(0.02), math.log(0.3))), 4),
+        }
+        for _ in range(count)
+    ]
 
 
 def ml_env_trial(trials: int, run=subprocess.run) -> tuple[dict[str, str] | None, str]:
@@ -1339,11 +1608,17 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
                 secs = time.perf_counter() - t0
         study = optuna.load_study(study_name="smoke", storage=_journal(path)[0])
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        return {"procs": procs, "threads_each": threads, "seconds": secs,
-                "trials": len(done), "trials_expected": procs * per_proc,
-                "processes_seen": len({t.user_attrs.get("pid") for t in done}),
-                "best_loss": min((t.value for t in done), default=None), "journal_bytes": os.path.getsize(path),
-                "trials_per_min": len(done) / secs * 60}
+        return {
+            "procs": procs,
+            "threads_each": threads,
+            "seconds": secs,
+            "trials": len(done),
+            "trials_expected": procs * per_proc,
+            "processes_seen": len({t.user_attrs.get("pid") for t in done}),
+            "best_loss": min((t.value for t in done), default=None),
+            "journal_bytes": os.path.getsize(path),
+            "trials_per_min": len(done) / secs * 60,
+        }
 
     runs: dict[str, Any] = {}
     # One process: the login shell's threads (the plan's count when tuned, library defaults in a baseline).
@@ -1360,16 +1635,28 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
         runs["oversubscribed"] = study_run("oversubscribed", workers, None, alone, 1)
     else:
         runs["sequential"] = study_run("sequential", 1, None, alone, each)
-    return {"library": lib, "sampler": f"optuna {optuna.__version__}, the same enqueued parameter sets in every run, one journal file per study ({backend})",
-            "storage": backend, "trials": workers * each, "workers": workers, "cores": cores, "processes_how": how,
-            "rows": s["hpo_rows"], "trees": s["hpo_trees"], "runs": runs,
-            "best_loss": min((r["best_loss"] for r in runs.values() if r["best_loss"] is not None), default=None)}
+    return {
+        "library": lib,
+        "sampler": f"optuna {optuna.__version__}, the same enqueued parameter sets in every run, one journal file per study ({backend})",
+        "storage": backend,
+        "trials": workers * each,
+        "workers": workers,
+        "cores": cores,
+        "processes_how": how,
+        "rows": s["hpo_rows"],
+        "trees": s["hpo_trees"],
+        "runs": runs,
+        "best_loss": min((r["best_loss"] for r in runs.values() if r["best_loss"] is not None), default=None),
+    }
 
 
 def _suggest(trial) -> dict[str, Any]:
     """The hpo workload's search space (its enqueued parameter sets come out first)."""
-    return {"num_leaves": trial.suggest_int("num_leaves", 15, 255), "max_depth": trial.suggest_int("max_depth", 4, 10),
-            "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True)}
+    return {
+        "num_leaves": trial.suggest_int("num_leaves", 15, 255),
+        "max_depth": trial.suggest_int("max_depth", 4, 10),
+        "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
+    }
 
 
 def _cluster_where() -> dict[str, Any]:
@@ -1396,9 +1683,12 @@ def _cluster_trial(params: dict[str, Any], rows: int, trees: int, lib: str) -> d
     t0 = time.perf_counter()
     loss = _trial((params, None, rows, trees, lib))
     pools = threadpool_info()
-    where.update(loss=loss, seconds=time.perf_counter() - t0,
-                 threads=max((pool["num_threads"] for pool in pools if pool.get("user_api") == "openmp"), default=None),
-                 blas_threads=max((pool["num_threads"] for pool in pools if pool.get("user_api") == "blas"), default=None))
+    where.update(
+        loss=loss,
+        seconds=time.perf_counter() - t0,
+        threads=max((pool["num_threads"] for pool in pools if pool.get("user_api") == "openmp"), default=None),
+        blas_threads=max((pool["num_threads"] for pool in pools if pool.get("user_api") == "blas"), default=None),
+    )
     return where
 
 
@@ -1413,6 +1703,7 @@ def w_cluster(p: dict[str, Any]) -> dict[str, Any]:
         return missing
     import optuna
     import ray
+    import ray.cloudpickle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     with open(p["ray_config"], encoding="utf-8") as f:
@@ -1421,6 +1712,9 @@ def w_cluster(p: dict[str, Any]) -> dict[str, Any]:
     lib = next((m for m in ("lightgbm", "xgboost") if importlib.util.find_spec(m)), "sklearn")
     per_trial = int(cfg.get("trial_cpus") or 1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # The other nodes have no copy of this archive: the trials go to them by value, as functions of
+    # a __main__ script did, not by a reference to a module they cannot import.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__.split(".")[0]])
     ray.init(address=cfg["address"], _node_ip_address=cfg["node_address"], logging_level="WARNING", log_to_driver=False)
     try:
         alive = [n for n in ray.nodes() if n.get("Alive")]
@@ -1442,8 +1736,9 @@ def w_cluster(p: dict[str, Any]) -> dict[str, Any]:
             ray.get([warm.options(scheduling_strategy=strategy).remote(s["hpo_rows"], lib) for _ in range(warm_tasks)])
             t0 = time.perf_counter()
             asked = [study.ask() for _ in range(count)]
-            refs = [trial.options(scheduling_strategy=strategy).remote(_suggest(t), s["hpo_rows"], s["hpo_trees"], lib)
-                    for t in asked]
+            refs = [
+                trial.options(scheduling_strategy=strategy).remote(_suggest(t), s["hpo_rows"], s["hpo_trees"], lib) for t in asked
+            ]
             done, errors = [], []
             for t, ref in zip(asked, refs, strict=True):
                 try:
@@ -1458,25 +1753,51 @@ def w_cluster(p: dict[str, Any]) -> dict[str, Any]:
             per_node: dict[str, int] = {}
             for r in done:
                 per_node[names.get(r["node"], r["node"])] = per_node.get(names.get(r["node"], r["node"]), 0) + 1
-            return {"trials": len(done), "trials_expected": count, "seconds": secs,
-                    "trials_per_min": len(done) / secs * 60 if secs > 0 else None,
-                    "per_node": per_node, "processes_seen": len({(r["node"], r["pid"]) for r in done}),
-                    "threads_seen": sorted({r["threads"] for r in done if r["threads"] is not None}),
-                    "blas_threads_seen": sorted({r["blas_threads"] for r in done if r["blas_threads"] is not None}),
-                    "omp_seen": sorted({r["omp"] or "unset" for r in done}),
-                    "best_loss": min((r["loss"] for r in done), default=None), "errors": errors[:5]}
+            return {
+                "trials": len(done),
+                "trials_expected": count,
+                "seconds": secs,
+                "trials_per_min": len(done) / secs * 60 if secs > 0 else None,
+                "per_node": per_node,
+                "processes_seen": len({(r["node"], r["pid"]) for r in done}),
+                "threads_seen": sorted({r["threads"] for r in done if r["threads"] is not None}),
+                "blas_threads_seen": sorted({r["blas_threads"] for r in done if r["blas_threads"] is not None}),
+                "omp_seen": sorted({r["omp"] or "unset" for r in done}),
+                "best_loss": min((r["loss"] for r in done), default=None),
+                "errors": errors[:5],
+            }
 
-        runs = {"cluster": study_run("SPREAD", sum(slots.values())),
-                "head": study_run(NodeAffinitySchedulingStrategy(node_id=head, soft=False), slots[head])}
-        nodes = [{"name": names[n["NodeID"]], "address": n["NodeManagerAddress"], "head": n["NodeID"] == head,
-                  "cpus": n["Resources"].get("CPU"), "memory_bytes": n["Resources"].get("memory"),
-                  "object_store_bytes": n["Resources"].get("object_store_memory")} for n in alive]
+        runs = {
+            "cluster": study_run("SPREAD", sum(slots.values())),
+            "head": study_run(NodeAffinitySchedulingStrategy(node_id=head, soft=False), slots[head]),
+        }
+        nodes = [
+            {
+                "name": names[n["NodeID"]],
+                "address": n["NodeManagerAddress"],
+                "head": n["NodeID"] == head,
+                "cpus": n["Resources"].get("CPU"),
+                "memory_bytes": n["Resources"].get("memory"),
+                "object_store_bytes": n["Resources"].get("object_store_memory"),
+            }
+            for n in alive
+        ]
     finally:
         ray.shutdown()
-    return {"library": lib, "ray": ray.__version__, "optuna": optuna.__version__, "trial_cpus": per_trial,
-            "members": cfg.get("members", []), "member_addresses": cfg.get("member_addresses", []), "nodes": nodes,
-            "trials": count, "rows": s["hpo_rows"], "trees": s["hpo_trees"], "runs": runs,
-            "sampler": "the hpo workload's enqueued parameter sets, asked and told by one in-memory Optuna study on the head"}
+    return {
+        "library": lib,
+        "ray": ray.__version__,
+        "optuna": optuna.__version__,
+        "trial_cpus": per_trial,
+        "members": cfg.get("members", []),
+        "member_addresses": cfg.get("member_addresses", []),
+        "nodes": nodes,
+        "trials": count,
+        "rows": s["hpo_rows"],
+        "trees": s["hpo_trees"],
+        "runs": runs,
+        "sampler": "the hpo workload's enqueued parameter sets, asked and told by one in-memory Optuna study on the head",
+    }
 
 
 def w_parquet_write(p: dict[str, Any]) -> dict[str, Any]:
@@ -1498,8 +1819,16 @@ def w_parquet_write(p: dict[str, Any]) -> dict[str, Any]:
     pq.write_table(table, path, compression="snappy", row_group_size=1 << 20)
     secs = time.perf_counter() - t0
     size = os.path.getsize(path)
-    return {"path": path, "rows": rows, "file_bytes": size, "table_bytes": table.nbytes, "compression": "snappy",
-            "write_s": secs, "write_gbps": size / secs / 1e9, "pyarrow": pa.__version__}
+    return {
+        "path": path,
+        "rows": rows,
+        "file_bytes": size,
+        "table_bytes": table.nbytes,
+        "compression": "snappy",
+        "write_s": secs,
+        "write_gbps": size / secs / 1e9,
+        "pyarrow": pa.__version__,
+    }
 
 
 def w_parquet_scan(p: dict[str, Any]) -> dict[str, Any]:
@@ -1544,10 +1873,18 @@ def w_inference(p: dict[str, Any]) -> dict[str, Any]:
         us = np.array(lat) * 1e6
         p50.append(float(np.percentile(us, 50)))
         p99.append(float(np.percentile(us, 99)))
-    return {"library": f"xgboost {xgb.__version__} inplace_predict", "trees": s["infer_trees"],
-            "depth": s["infer_depth"], "calls": s["infer_calls"], "repeats": s["infer_repeats"],
-            "threads": _env_default(tuned, "OMP_NUM_THREADS"), "p50_us": median(p50), "p99_us": median(p99),
-            "p50_us_each": p50, "p99_us_each": p99}
+    return {
+        "library": f"xgboost {xgb.__version__} inplace_predict",
+        "trees": s["infer_trees"],
+        "depth": s["infer_depth"],
+        "calls": s["infer_calls"],
+        "repeats": s["infer_repeats"],
+        "threads": _env_default(tuned, "OMP_NUM_THREADS"),
+        "p50_us": median(p50),
+        "p99_us": median(p99),
+        "p50_us_each": p50,
+        "p99_us_each": p99,
+    }
 
 
 def _serve_module(path: str):
@@ -1587,9 +1924,15 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
         booster.save_model(os.path.join(version_dir, "model.ubj"))
         with open(os.path.join(version_dir, "metadata.json"), "w", encoding="utf-8") as f:
             json.dump({"framework": "xgboost", "file": "model.ubj", "features": p["features"], "task": "classification"}, f)
-        out["model"] = {"framework": "xgboost", "library": f"xgboost {xgb.__version__}", "trees": s["serving_trees"],
-                        "depth": s["serving_depth"], "features": len(p["features"]), "train_rows": s["serving_rows"],
-                        "train_s": round(time.perf_counter() - t0, 2)}
+        out["model"] = {
+            "framework": "xgboost",
+            "library": f"xgboost {xgb.__version__}",
+            "trees": s["serving_trees"],
+            "depth": s["serving_depth"],
+            "features": len(p["features"]),
+            "train_rows": s["serving_rows"],
+            "train_s": round(time.perf_counter() - t0, 2),
+        }
     model = serve.load_model(serve.Registry(p["registry"]), p["name"], p["version"], 1)
     out.setdefault("model", {"framework": model.framework, "features": model.n})
     out["model"]["bytes"] = model.bytes
@@ -1612,11 +1955,17 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
         rates.append(s["serving_calls"] / (time.perf_counter() - t_start))
         lat_us.extend(v * 1e6 for v in lat)
     arr = np.array(lat_us)
-    out["inproc"] = {"per_s": median(rates), "per_s_each": rates, "calls": s["serving_calls"], "repeats": 3,
-                     "threads": 1, "p50_us": float(np.percentile(arr, 50)), "p99_us": float(np.percentile(arr, 99)),
-                     "how": "the server's load_model(threads=1), then values -> array -> predict per row, one thread"}
+    out["inproc"] = {
+        "per_s": median(rates),
+        "per_s_each": rates,
+        "calls": s["serving_calls"],
+        "repeats": 3,
+        "threads": 1,
+        "p50_us": float(np.percentile(arr, 50)),
+        "p99_us": float(np.percentile(arr, 99)),
+        "how": "the server's load_model(threads=1), then values -> array -> predict per row, one thread",
+    }
     return out
-
 
 
 # ---------------------------------------------------------------- workloads of real jobs
@@ -1670,8 +2019,10 @@ def _record_threads(path: str):
     def scorer(estimator, x, y) -> float:
         from threadpoolctl import threadpool_info
 
-        pools = [{"user_api": i.get("user_api"), "internal_api": i.get("internal_api"), "num_threads": i.get("num_threads")}
-                 for i in threadpool_info()]
+        pools = [
+            {"user_api": i.get("user_api"), "internal_api": i.get("internal_api"), "num_threads": i.get("num_threads")}
+            for i in threadpool_info()
+        ]
         with open(f"{path}-{os.getpid()}.json", "w", encoding="utf-8") as f:
             json.dump({"pid": os.getpid(), "pools": pools}, f)
         return float((estimator.predict(x) == y).mean())
@@ -1712,8 +2063,11 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
             t0 = time.perf_counter()
             model.fit(x, y)
             times.append(time.perf_counter() - t0)
-        forest[label] = {"n_jobs": jobs or "library default (None: one)", "times_s": times,
-                         "row_trees_per_s": s["sklearn_rows"] * s["sklearn_trees"] / median(times)}
+        forest[label] = {
+            "n_jobs": jobs or "library default (None: one)",
+            "times_s": times,
+            "row_trees_per_s": s["sklearn_rows"] * s["sklearn_trees"] / median(times),
+        }
     out["forest"] = forest
 
     workers, how = _planned(p, "joblib_workers", cores, "the physical cores")
@@ -1748,16 +2102,29 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
     seq_s = search(1)
     candidates = fits // s["sklearn_folds"]
     out["grid"] = {
-        "estimator": f"MLPClassifier(max_iter={s['sklearn_grid_iter']})", "grid": {k: [str(v) for v in vs] for k, vs in grid.items()},
-        "candidates": candidates, "folds": s["sklearn_folds"], "rows": s["sklearn_grid_rows"],
-        "n_jobs": workers if tuned else "library default (None: one)", "n_jobs_how": how if tuned else "library default",
+        "estimator": f"MLPClassifier(max_iter={s['sklearn_grid_iter']})",
+        "grid": {k: [str(v) for v in vs] for k, vs in grid.items()},
+        "candidates": candidates,
+        "folds": s["sklearn_folds"],
+        "rows": s["sklearn_grid_rows"],
+        "n_jobs": workers if tuned else "library default (None: one)",
+        "n_jobs_how": how if tuned else "library default",
         "inner_max_num_threads": "not set (a user's plain GridSearchCV)" if tuned else "library default",
-        "share": share, "cores": cores,
-        "parallel_s": par_s, "sequential_s": seq_s,
-        "parallel_per_min": candidates / par_s * 60, "sequential_per_min": candidates / seq_s * 60,
-        "workers_seen": [{"pid": w["pid"], "main": w["pid"] == os.getpid(),
-                          "blas": [q["num_threads"] for q in w["pools"] if q["user_api"] == "blas"],
-                          "openmp": [q["num_threads"] for q in w["pools"] if q["user_api"] == "openmp"]} for w in seen],
+        "share": share,
+        "cores": cores,
+        "parallel_s": par_s,
+        "sequential_s": seq_s,
+        "parallel_per_min": candidates / par_s * 60,
+        "sequential_per_min": candidates / seq_s * 60,
+        "workers_seen": [
+            {
+                "pid": w["pid"],
+                "main": w["pid"] == os.getpid(),
+                "blas": [q["num_threads"] for q in w["pools"] if q["user_api"] == "blas"],
+                "openmp": [q["num_threads"] for q in w["pools"] if q["user_api"] == "openmp"],
+            }
+            for w in seen
+        ],
     }
     return out
 
@@ -1768,8 +2135,10 @@ def _features_frame(rows: int):
     rng = np.random.default_rng(31)
     keys = 50_000
     return {
-        "key": rng.integers(0, keys, rows, dtype=np.int32), "cat": rng.integers(0, 16, rows, dtype=np.int8),
-        "x": rng.standard_normal(rows, dtype=np.float32), "y": rng.standard_normal(rows, dtype=np.float32),
+        "key": rng.integers(0, keys, rows, dtype=np.int32),
+        "cat": rng.integers(0, 16, rows, dtype=np.int8),
+        "x": rng.standard_normal(rows, dtype=np.float32),
+        "y": rng.standard_normal(rows, dtype=np.float32),
         "t": np.arange(rows, dtype=np.int64),
     }, {"key": np.arange(keys, dtype=np.int32), "w": rng.standard_normal(keys, dtype=np.float32)}
 
@@ -1801,12 +2170,16 @@ def w_features(p: dict[str, Any]) -> dict[str, Any]:
 
     def polars_once() -> tuple[int, float]:
         kept = df.lazy().filter(pl.col("x") > -0.5)
-        agg = kept.group_by("key").agg(pl.col("x").mean().alias("x_mean"), pl.col("y").sum().alias("y_sum"),
-                                       pl.len().alias("n"))
-        out = (kept.join(agg, on="key", how="left").join(dim.lazy(), on="key", how="left").sort("t")
-               .with_columns((pl.col("y") * pl.col("w")).cum_sum().over("key").alias("y_cum"),
-                             (pl.col("x") - pl.col("x_mean")).alias("x_dev"))
-               .collect())
+        agg = kept.group_by("key").agg(pl.col("x").mean().alias("x_mean"), pl.col("y").sum().alias("y_sum"), pl.len().alias("n"))
+        out = (
+            kept.join(agg, on="key", how="left")
+            .join(dim.lazy(), on="key", how="left")
+            .sort("t")
+            .with_columns(
+                (pl.col("y") * pl.col("w")).cum_sum().over("key").alias("y_cum"), (pl.col("x") - pl.col("x_mean")).alias("x_dev")
+            )
+            .collect()
+        )
         return out.height, float(out["y_cum"].sum())
 
     def timed(fn) -> tuple[list[float], Any]:
@@ -1819,11 +2192,20 @@ def w_features(p: dict[str, Any]) -> dict[str, Any]:
         return times, got
 
     times, got = timed(polars_once)
-    result: dict[str, Any] = {"rows": rows, "repeats": s["features_repeats"],
-                              "pipeline": "filter, group-by aggregate (mean, sum, count), two joins, window (cumulative sum over key, deviation from the key's mean)",
-                              "polars": {"version": pl.__version__, "threads": pl.thread_pool_size(), "threads_how": how,
-                                         "times_s": times, "rows_per_s": rows / median(times), "result_rows": got[0],
-                                         "checksum": got[1]}}
+    result: dict[str, Any] = {
+        "rows": rows,
+        "repeats": s["features_repeats"],
+        "pipeline": "filter, group-by aggregate (mean, sum, count), two joins, window (cumulative sum over key, deviation from the key's mean)",
+        "polars": {
+            "version": pl.__version__,
+            "threads": pl.thread_pool_size(),
+            "threads_how": how,
+            "times_s": times,
+            "rows_per_s": rows / median(times),
+            "result_rows": got[0],
+            "checksum": got[1],
+        },
+    }
     if p.get("pandas", True):
         import pandas as pd
 
@@ -1838,8 +2220,14 @@ def w_features(p: dict[str, Any]) -> dict[str, Any]:
             return len(out), float(out["y_cum"].sum())
 
         ptimes, pgot = timed(pandas_once)
-        result["pandas"] = {"version": pd.__version__, "threads": 1, "times_s": ptimes, "rows_per_s": rows / median(ptimes),
-                            "result_rows": pgot[0], "checksum": pgot[1]}
+        result["pandas"] = {
+            "version": pd.__version__,
+            "threads": 1,
+            "times_s": ptimes,
+            "rows_per_s": rows / median(ptimes),
+            "result_rows": pgot[0],
+            "checksum": pgot[1],
+        }
     return result
 
 
@@ -1878,8 +2266,7 @@ def w_matrix(p: dict[str, Any]) -> dict[str, Any]:
         planned, whose = int(plan["feature_matrix_rows"]), "the plan's feature_matrix_rows"
     else:  # the largest one by a safe rule of its own: half of what is available now
         planned = int(mem.get("MemAvailable", 0) * MATRIX_MARGIN / (4 * (features + 1)))
-        whose = (f"{MATRIX_MARGIN:.0%} of MemAvailable over {4 * (features + 1)} B a row "
-                 "(the plan has no feature_matrix_rows)")
+        whose = f"{MATRIX_MARGIN:.0%} of MemAvailable over {4 * (features + 1)} B a row (the plan has no feature_matrix_rows)"
     if s["matrix_rows"]:  # quick: a small one
         rows, how = min(int(s["matrix_rows"]), planned), f"the quick profile's {s['matrix_rows']:,} rows; largest: {whose}"
     else:
@@ -1920,15 +2307,28 @@ def w_matrix(p: dict[str, Any]) -> dict[str, Any]:
         sst += float(((yk - yk.mean()) ** 2).sum())
     cv_s = time.perf_counter() - t0
     flops = 2.0 * rows * features * features + 2.0 * rows * features * 2
-    return {"rows": rows, "features": features, "bytes": x.nbytes + y.nbytes, "rows_how": how,
-            "planned_rows": planned, "planned_bytes": plan.get("feature_matrix_bytes") or planned * features * 4,
-            "planned_from_plan": bool(plan.get("feature_matrix_rows")), "folds": folds,
-            "threads": threads or "library default", "build_s": build_s, "build_gbps": (x.nbytes + y.nbytes) / build_s / 1e9,
-            "cv_s": cv_s, "cv_gflops": flops / cv_s / 1e9, "sgemm_gflops": sgemm, "r2": 1 - sse / sst if sst else None,
-            "mem_available_before": mem.get("MemAvailable"), "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "swapped_out_pages": _swapped_out() - swap0,
-            "how": "ridge regression, K folds as contiguous row views; per-fold Gram matrices once, each fold's "
-                   "training Gram = total - its own: one pass over the matrix, no copy"}
+    return {
+        "rows": rows,
+        "features": features,
+        "bytes": x.nbytes + y.nbytes,
+        "rows_how": how,
+        "planned_rows": planned,
+        "planned_bytes": plan.get("feature_matrix_bytes") or planned * features * 4,
+        "planned_from_plan": bool(plan.get("feature_matrix_rows")),
+        "folds": folds,
+        "threads": threads or "library default",
+        "build_s": build_s,
+        "build_gbps": (x.nbytes + y.nbytes) / build_s / 1e9,
+        "cv_s": cv_s,
+        "cv_gflops": flops / cv_s / 1e9,
+        "sgemm_gflops": sgemm,
+        "r2": 1 - sse / sst if sst else None,
+        "mem_available_before": mem.get("MemAvailable"),
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "swapped_out_pages": _swapped_out() - swap0,
+        "how": "ridge regression, K folds as contiguous row views; per-fold Gram matrices once, each fold's "
+        "training Gram = total - its own: one pass over the matrix, no copy",
+    }
 
 
 def _write_shards(directory: str, rows: int, shards: int, features: int) -> list[str]:
@@ -1991,10 +2391,16 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
     if tuned:
         # What a training script does with role thread_env's variables (torch reads none itself):
         # DataLoader(num_workers=PROVISIONER_DATALOADER_WORKERS), torch.set_num_threads(PROVISIONER_DATALOADER_THREADS).
-        workers, whow = _from_env("PROVISIONER_DATALOADER_WORKERS", p, "dataloader_workers",
-                                  0 if cores < 2 else max(1, cores // 4), "a worker per 4 physical cores, at least 1")
-        threads, thow = _from_env("PROVISIONER_DATALOADER_THREADS", p, "dataloader_threads", max(1, cores - workers),
-                                  "the cores the workers leave")
+        workers, whow = _from_env(
+            "PROVISIONER_DATALOADER_WORKERS",
+            p,
+            "dataloader_workers",
+            0 if cores < 2 else max(1, cores // 4),
+            "a worker per 4 physical cores, at least 1",
+        )
+        threads, thow = _from_env(
+            "PROVISIONER_DATALOADER_THREADS", p, "dataloader_threads", max(1, cores - workers), "the cores the workers leave"
+        )
     else:
         workers, whow, threads, thow = 0, "library default (num_workers=0)", None, "library default"
     paths = _write_shards(os.path.join(p["workdir"], "shards"), s["loader_rows"], s["loader_shards"], LOADER_FEATURES)
@@ -2003,8 +2409,13 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
     def network():
         torch.manual_seed(0)
         width = s["loader_width"]
-        model = torch.nn.Sequential(torch.nn.Linear(LOADER_FEATURES, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                    torch.nn.ReLU(), torch.nn.Linear(width, 1))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(LOADER_FEATURES, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, 1),
+        )
         return model, torch.optim.SGD(model.parameters(), lr=0.01), torch.nn.BCEWithLogitsLoss()
 
     def train(batches, epochs: int) -> dict[str, Any]:
@@ -2028,13 +2439,20 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
                 loss_fn(model(xb), yb).backward()
                 opt.step()
         total = time.perf_counter() - (t_start or time.perf_counter())
-        return {"samples": samples, "seconds": total, "samples_per_s": samples / total if total else None,
-                "wait_share": wait / total if total else None}
+        return {
+            "samples": samples,
+            "seconds": total,
+            "samples_per_s": samples / total if total else None,
+            "wait_share": wait / total if total else None,
+        }
 
     def loader(num_workers: int):
         return lambda: torch.utils.data.DataLoader(
-            _shard_dataset(paths, s["loader_batch"]), batch_size=None, num_workers=num_workers,
-            **({"prefetch_factor": 4, "persistent_workers": False} if num_workers else {}))
+            _shard_dataset(paths, s["loader_batch"]),
+            batch_size=None,
+            num_workers=num_workers,
+            **({"prefetch_factor": 4, "persistent_workers": False} if num_workers else {}),
+        )
 
     default_threads = torch.get_num_threads()  # the environment's OMP_NUM_THREADS, as torch took it
     if threads:
@@ -2046,12 +2464,24 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
     # num_workers=0 as a script without the split writes it: torch's own default threads again.
     torch.set_num_threads(default_threads)
     inline = train(loader(0), s["loader_epochs"])
-    return {"torch": torch.__version__, "rows": s["loader_rows"], "shards": len(paths), "shard_bytes": data_bytes,
-            "batch": s["loader_batch"], "epochs": s["loader_epochs"], "features": LOADER_FEATURES,
-            "network": f"MLP {LOADER_FEATURES}-{s['loader_width']}-{s['loader_width']}-1, SGD",
-            "workers": workers, "workers_how": whow, "threads": threads or torch.get_num_threads(),
-            "threads_how": thow, "planned": planned, "in_memory": limit,
-            "workers0": {**inline, "threads": torch.get_num_threads()}, "where": os.path.dirname(paths[0])}
+    return {
+        "torch": torch.__version__,
+        "rows": s["loader_rows"],
+        "shards": len(paths),
+        "shard_bytes": data_bytes,
+        "batch": s["loader_batch"],
+        "epochs": s["loader_epochs"],
+        "features": LOADER_FEATURES,
+        "network": f"MLP {LOADER_FEATURES}-{s['loader_width']}-{s['loader_width']}-1, SGD",
+        "workers": workers,
+        "workers_how": whow,
+        "threads": threads or torch.get_num_threads(),
+        "threads_how": thow,
+        "planned": planned,
+        "in_memory": limit,
+        "workers0": {**inline, "threads": torch.get_num_threads()},
+        "where": os.path.dirname(paths[0]),
+    }
 
 
 def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
@@ -2065,6 +2495,7 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
     # from the login shell's environment itself, as in a user's script: nothing is set here.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     import tensorflow as tf
+
     try:
         from tensorflow.python.util import _pywrap_util_port
 
@@ -2084,8 +2515,14 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
     sgemm = 2 * n**3 / median(times) / 1e9
     inputs, width, batch = 256, s["tf_width"], s["tf_batch"]
-    model = tf.keras.Sequential([tf.keras.Input((inputs,)), tf.keras.layers.Dense(width, activation="relu"),
-                                 tf.keras.layers.Dense(width, activation="relu"), tf.keras.layers.Dense(1)])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input((inputs,)),
+            tf.keras.layers.Dense(width, activation="relu"),
+            tf.keras.layers.Dense(width, activation="relu"),
+            tf.keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
     x, y = tf.random.normal((batch, inputs)), tf.random.normal((batch, 1))
     for _ in range(3):
@@ -2097,18 +2534,41 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
             model.train_on_batch(x, y)
         step_times.append((time.perf_counter() - t0) / s["tf_steps"])
     weights = inputs * width + width * width + width
-    return {"tensorflow": tf.__version__, "onednn": onednn, "onednn_how": onednn_how,
-            "intra_op_threads": _env_int("TF_NUM_INTRAOP_THREADS") if tuned else "library default",
-            "inter_op_threads": _env_int("TF_NUM_INTEROP_THREADS") if tuned else "library default",
-            "threads_how": _env_default(tuned, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"),
-            "batch": batch, "width": width, "step_s": step_times, "samples_per_s": batch / median(step_times),
-            "gflops": 6 * batch * weights / median(step_times) / 1e9, "sgemm_gflops": sgemm, "sgemm_n": n}
+    return {
+        "tensorflow": tf.__version__,
+        "onednn": onednn,
+        "onednn_how": onednn_how,
+        "intra_op_threads": _env_int("TF_NUM_INTRAOP_THREADS") if tuned else "library default",
+        "inter_op_threads": _env_int("TF_NUM_INTEROP_THREADS") if tuned else "library default",
+        "threads_how": _env_default(tuned, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"),
+        "batch": batch,
+        "width": width,
+        "step_s": step_times,
+        "samples_per_s": batch / median(step_times),
+        "gflops": 6 * batch * weights / median(step_times) / 1e9,
+        "sgemm_gflops": sgemm,
+        "sgemm_n": n,
+    }
 
 
-WORKERS = {"gemm": w_gemm, "clock": w_clock, "triad": w_triad, "gbdt": w_gbdt, "mlp": w_mlp, "hpo": w_hpo,
-           "parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan, "inference": w_inference,
-           "serving_model": w_serving_model, "sklearn": w_sklearn, "features": w_features, "matrix": w_matrix,
-           "dataloader": w_dataloader, "tensorflow": w_tensorflow, "cluster": w_cluster}
+WORKERS = {
+    "gemm": w_gemm,
+    "clock": w_clock,
+    "triad": w_triad,
+    "gbdt": w_gbdt,
+    "mlp": w_mlp,
+    "hpo": w_hpo,
+    "parquet_write": w_parquet_write,
+    "parquet_scan": w_parquet_scan,
+    "inference": w_inference,
+    "serving_model": w_serving_model,
+    "sklearn": w_sklearn,
+    "features": w_features,
+    "matrix": w_matrix,
+    "dataloader": w_dataloader,
+    "tensorflow": w_tensorflow,
+    "cluster": w_cluster,
+}
 
 
 def worker(params: dict[str, Any]) -> None:
@@ -2120,7 +2580,9 @@ def worker(params: dict[str, Any]) -> None:
             result = WORKERS[task](params)
     except Exception as exc:  # one failed workload must not hide the others
         result = {"error": f"{task}: {type(exc).__name__}: {exc}"}
-    print(json.dumps(result))
+    # Out before the interpreter's teardown, where a native library may abort: a script's stdout
+    # was flushed before its exit handlers ran, a zipapp's (run by runpy) is not.
+    print(json.dumps(result), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -2134,13 +2596,22 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--data-dir", default=None, help="the data mount; /var/tmp when it is not a mount point")
     r.add_argument("--plan", default=PLAN_FILE)
     r.add_argument("--only", nargs="*", choices=TASKS + CLUSTER_TASKS, help="only these workloads")
-    r.add_argument("--config-only", action="store_true",
-                   help="no workload: only the configuration (threads, THP, governor, data mount) and the host's load")
+    r.add_argument(
+        "--config-only",
+        action="store_true",
+        help="no workload: only the configuration (threads, THP, governor, data mount) and the host's load",
+    )
     r.add_argument("--ray-config", default=RAY_CONFIG, help="the Ray node's configuration (role ray), for the cluster run")
-    r.add_argument("--serve-script", default=None,
-                   help="the model server (roles/serving/files/provisioner_serve.py; default: next to this script)")
-    r.add_argument("--serving-config", default=SERVING_CONFIG,
-                   help="a deployed model server's config; its endpoint is measured when worker 0 is ready")
+    r.add_argument(
+        "--serve-script",
+        default=None,
+        help="the model server (roles/serving/files/provisioner_serve.py): needed when serving runs",
+    )
+    r.add_argument(
+        "--serving-config",
+        default=SERVING_CONFIG,
+        help="a deployed model server's config; its endpoint is measured when worker 0 is ready",
+    )
     w = sub.add_parser("worker", help="one workload inside the ML environment (internal)")
     w.add_argument("params")
     args = parser.parse_args(argv)
@@ -2153,9 +2624,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.mode == "tuned" and not args.user:
         parser.error("tuned mode needs --user")
+    if not args.config_only and (not args.only or "serving" in args.only) and not args.serve_script:
+        parser.error("the serving workload needs --serve-script (roles/serving/files/provisioner_serve.py)")
     print(json.dumps(run(args)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

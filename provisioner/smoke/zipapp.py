@@ -1,0 +1,79 @@
+"""The smoke test's target half as one archive: a byte-reproducible zipapp of the workload code.
+
+Built on the control node (the action plugin provisioner_smoke_zipapp) and run on a host by the
+system Python (`python3 provisioner_smoke-<sha12>.pyz run ...`), as root; the parent then runs
+the same archive with the ML environment's Python for each worker. It holds:
+
+- a `__main__.py` that only calls provisioner.smoke.target.parent.main: a zip's __main__ is not
+  re-run by multiprocessing's spawn children, so nothing else may live there;
+- provisioner/__init__.py as it is (the version), and a docstring-only provisioner/smoke/__init__.py
+  instead of the real one, which pulls in the judgement, the store and the report's helpers;
+- provisioner/smoke/base.py, hardware.py, workloads/*.py and target/*.py: the standard library
+  at their top, nothing else (tests/unit/test_smoke_zipapp.py holds them to it).
+
+Sorted entries, one fixed date, mode 0644, no compression (deflate's bytes depend on the zlib
+version) and no __pycache__: the same sources give the same bytes, named by their sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1]  # provisioner/
+MAIN = (
+    '"""provisioner smoke: measure what the ML workloads get from this machine (see provisioner.smoke.target)."""\n\n'
+    "from provisioner.smoke.target.parent import main\n\n"
+    "raise SystemExit(main())\n"
+)
+SMOKE_STUB = (
+    '"""The smoke test\'s target half (provisioner.smoke.target), the workloads and the layers below them:\n'
+    'the control node\'s judgement is not shipped."""\n'
+)
+DATE = (1980, 1, 1, 0, 0, 0)
+PREFIX = "provisioner_smoke-"
+
+
+def sources(package: Path = PACKAGE) -> dict[str, bytes]:
+    """The archive's entries: its name -> its bytes."""
+    smoke = package / "smoke"
+    files = [package / "__init__.py", smoke / "base.py", smoke / "hardware.py"]
+    files += sorted((smoke / "workloads").glob("*.py")) + sorted((smoke / "target").glob("*.py"))
+    entries = {f"provisioner/{p.relative_to(package).as_posix()}": p.read_bytes() for p in files}
+    entries["provisioner/smoke/__init__.py"] = SMOKE_STUB.encode()
+    entries["__main__.py"] = MAIN.encode()
+    return entries
+
+
+def archive(package: Path = PACKAGE) -> bytes:
+    """The zipapp's bytes: the same sources give the same bytes."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in sorted(sources(package).items()):
+            info = zipfile.ZipInfo(name, DATE)
+            info.create_system = 3  # unix, wherever it is built
+            info.external_attr = 0o100644 << 16
+            info.compress_type = zipfile.ZIP_STORED
+            zf.writestr(info, data)
+    return buffer.getvalue()
+
+
+def build(directory: str | os.PathLike[str], name: str | None = None) -> Path:
+    """Write the zipapp into directory as provisioner_smoke-<sha12>.pyz (or name) and return its path.
+    Written beside and renamed: processes building the same archive at once never see half a file."""
+    data = archive()
+    dest = Path(directory) / (name or f"{PREFIX}{hashlib.sha256(data).hexdigest()[:12]}.pyz")
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".provisioner_smoke-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest
