@@ -38,7 +38,6 @@ import shlex
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,9 +47,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from .ml import _blas_threads, _data, _env_default, _env_int, _missing, _planned, median
+from .probe import configuration, core_cpus, cpu_busy, cpu_info, memory_devices, read
+
 SCHEMA = 1
 PLAN_FILE = "/etc/provisioner/plan.json"
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # The plan's values the workloads follow in tuned mode (absent in an older plan: each workload
 # then derives its own from the cores, and says so).
 WORKLOAD_PLAN_VALUES = (
@@ -194,74 +195,7 @@ CLUSTER_TASKS = ("cluster",)
 RAY_CONFIG = "/etc/provisioner/ray/ray.json"
 
 
-def median(values: list[float]) -> float:
-    return float(statistics.median(values)) if values else float("nan")
-
-
-# ---------------------------------------------------------------- hardware (root, stdlib)
-
-
-def read(path: str, default: str | None = None) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return default
-
-
-def _cpuinfo() -> list[dict[str, str]]:
-    """/proc/cpuinfo, one dict of fields per logical CPU."""
-    blocks = [b for b in (read("/proc/cpuinfo", "") or "").split("\n\n") if b.strip()]
-    return [{k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in b.splitlines() if ":" in ln)} for b in blocks]
-
-
-def core_cpus() -> list[int]:
-    """One logical CPU per physical core this process may use (the first of its SMT siblings)."""
-    allowed = os.sched_getaffinity(0)
-    cores: dict[tuple[str, str], int] = {}
-    for fields in _cpuinfo():
-        try:
-            cpu = int(fields.get("processor", "-1"))
-        except ValueError:
-            continue
-        if cpu in allowed:
-            cores.setdefault((fields.get("physical id", "0"), fields.get("core id", str(cpu))), cpu)
-    return sorted(cores.values())
-
-
-def cpu_info() -> dict[str, Any]:
-    """Vendor, family, model, flags, physical cores of the CPUs this process may use."""
-    blocks = _cpuinfo()
-    first = blocks[0] if blocks else {}
-    allowed = os.sched_getaffinity(0)
-    cores = core_cpus()
-    max_khz = read("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
-    return {
-        "vendor": first.get("vendor_id", ""),
-        "family": int(first.get("cpu family", "0") or 0),
-        "model": int(first.get("model", "0") or 0),
-        "model_name": first.get("model name", ""),
-        "flags": sorted(set(first.get("flags", "").split())),
-        "logical_cpus": len(allowed),
-        "physical_cores": max(1, len(cores)),
-        "nominal_mhz": float(first["cpu MHz"]) if first.get("cpu MHz") else None,
-        "max_mhz": int(max_khz) / 1000 if max_khz and max_khz.isdigit() else None,
-        "cpufreq": os.path.isdir("/sys/devices/system/cpu/cpu0/cpufreq"),
-    }
-
-
-def _cpu_times() -> tuple[int, int]:
-    fields = [int(v) for v in (read("/proc/stat", "") or "cpu 0 0 0 0").splitlines()[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields[:8]), idle
-
-
-def cpu_busy(seconds: float = 1.0) -> float:
-    """Share of all CPUs busy over `seconds` (another workload, a package install, a build)."""
-    total0, idle0 = _cpu_times()
-    time.sleep(seconds)
-    total1, idle1 = _cpu_times()
-    return max(0.0, 1 - (idle1 - idle0) / max(1, total1 - total0))
+# ---------------------------------------------------------------- the clock under load (root, stdlib)
 
 
 def current_mhz() -> float | None:
@@ -301,97 +235,7 @@ class ClockSampler:
         self._thread.join()
 
 
-def memory_devices() -> dict[str, Any]:
-    """Populated DIMMs and their configured speed, from SMBIOS (dmidecode, as root)."""
-    exe = shutil.which("dmidecode")
-    if not exe:
-        return {"source": None, "why": "dmidecode is not installed"}
-    r = subprocess.run([exe, "-t", "17"], capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        return {"source": None, "why": f"dmidecode failed: {(r.stderr or r.stdout).strip()[:200]}"}
-    dimms = []
-    for block in r.stdout.split("Memory Device")[1:]:
-        size = re.search(r"^\s*Size:\s*(.+)$", block, re.M)
-        if not size or "No Module" in size.group(1) or "Not Installed" in size.group(1):
-            continue
-        speed = re.search(r"^\s*Configured (?:Memory|Clock) Speed:\s*(\d+)\s*(MT/s|MHz)", block, re.M)
-        rated = re.search(r"^\s*Speed:\s*(\d+)\s*(MT/s|MHz)", block, re.M)
-        kind = re.search(r"^\s*Type:\s*(\S+)", block, re.M)
-        locator = re.search(r"^\s*Locator:\s*(.+)$", block, re.M)
-        dimms.append(
-            {
-                "size": size.group(1).strip(),
-                "type": kind.group(1) if kind else None,
-                "configured_mts": int(speed.group(1)) if speed else None,
-                "rated_mts": int(rated.group(1)) if rated else None,
-                "locator": locator.group(1).strip() if locator else None,
-            }
-        )
-    return {"source": "dmidecode -t 17", "dimms": dimms}
-
-
-# ---------------------------------------------------------------- configuration as seen by workloads
-
-
-def env_of(argv: list[str]) -> dict[str, str] | str:
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{argv[0]}: {exc}"
-    if r.returncode != 0:
-        return f"{' '.join(argv[:3])}... exited {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}"
-    env = {}
-    for line in r.stdout.splitlines():
-        if "=" in line:
-            k, v = line.split("=", 1)
-            env[k] = v
-    return env
-
-
-def thread_settings(env: dict[str, str] | str) -> dict[str, Any]:
-    if isinstance(env, str):
-        return {"error": env}
-    keys = [k for k in env if k in THREAD_VARS or k.startswith(("KMP_", "OMP_")) or k == "LD_PRELOAD"]
-    return {"values": {k: env[k] for k in sorted(keys)}}
-
-
-def configuration(user: str | None, data_dir: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if user:
-        out["login_shell"] = thread_settings(env_of(["runuser", "-l", user, "-c", "env"]))
-        if os.path.isdir("/run/systemd/system") and shutil.which("systemd-run"):
-            out["systemd_service"] = thread_settings(
-                env_of(["systemd-run", "--wait", "--pipe", "--quiet", "--collect", "-p", f"User={user}", "/usr/bin/env"])
-            )
-        else:
-            out["systemd_service"] = {"not_applicable": "systemd is not running here (PID 1 is not systemd)"}
-    thp = {}
-    for name in ("enabled", "defrag"):
-        value = read(f"/sys/kernel/mm/transparent_hugepage/{name}")
-        m = re.search(r"\[(\w+)\]", value or "")
-        thp[name] = m.group(1) if m else None
-    out["thp"] = thp
-    governor = read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
-    out["governor"] = {"value": governor} if governor else {"not_applicable": "no cpufreq driver"}
-    out["data_mount"] = data_mount(data_dir)
-    return out
-
-
-def data_mount(path: str) -> dict[str, Any]:
-    r = subprocess.run(
-        ["findmnt", "-J", "-T", path, "-o", "TARGET,SOURCE,FSTYPE,OPTIONS"], capture_output=True, text=True, check=False
-    )
-    try:
-        fs = json.loads(r.stdout)["filesystems"][0]
-    except (ValueError, KeyError, IndexError):
-        return {"path": path, "error": (r.stderr or "findmnt found nothing").strip()}
-    return {
-        "path": path,
-        "target": fs.get("target"),
-        "source": fs.get("source"),
-        "fstype": fs.get("fstype"),
-        "options": fs.get("options", "").split(","),
-    }
+# ---------------------------------------------------------------- the data mount's cold reads (root)
 
 
 def drop_caches() -> str | None:
@@ -1130,21 +974,6 @@ def w_clock(p: dict[str, Any]) -> dict[str, Any]:
 # reference runs (the per-core rates the limits scale) set a limit of 1, and say so.
 
 
-def _blas_threads() -> int | None:
-    """The BLAS threads this process runs now, as threadpoolctl reads them (None: no BLAS loaded)."""
-    from threadpoolctl import threadpool_info
-
-    return max((i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"), default=None)
-
-
-def _env_default(tuned: bool, *names: str) -> str:
-    """How a run without a limit got its threads: the environment's variables, or the library default."""
-    if not tuned:
-        return "library default"
-    shown = ", ".join(f"{n}={os.environ[n]}" for n in names if n in os.environ)
-    return f"library default with the environment's {shown}" if shown else "library default (no thread variable set)"
-
-
 def _limits(threads: int | None):
     """Limit every BLAS/OpenMP pool to `threads` (None: leave the library defaults)."""
     import contextlib
@@ -1158,24 +987,6 @@ def _limits(threads: int | None):
 
 # What the model server imports from the ML environment (the mlstack component serving).
 SERVING_MODULES = ("starlette", "uvicorn", "prometheus_client")
-
-
-def _missing(module: str, component: str) -> dict[str, Any] | None:
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        return {"skipped": f"{module} is not installed in this environment (component {component})"}
-    return None
-
-
-def _data(rows: int, cols: int, seed: int = 0):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((rows, cols), dtype=np.float32)
-    w = rng.standard_normal(cols).astype(np.float32)
-    logit = x @ w * 0.5 + 0.8 * np.sin(x[:, 0] * x[:, 1]) + rng.standard_normal(rows, dtype=np.float32) * 0.5
-    return x, (logit > 0).astype(np.float32)
 
 
 def blas_kernel_verdict(info: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -1969,22 +1780,6 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- workloads of real jobs
-
-
-def _planned(p: dict[str, Any], key: str, fallback: int, how: str) -> tuple[int, str]:
-    """A plan value for this workload, or `fallback` (derived here, said so) when the plan has none."""
-    value = (p.get("plan") or {}).get(key)
-    if value is not None:
-        return int(value), f"the plan's {key}"
-    return int(fallback), f"{how} (the plan has no {key})"
-
-
-def _env_int(name: str) -> int | str:
-    """A count from the environment, or 'library default' when the variable is not set."""
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return "library default"
 
 
 def _from_env(name: str, p: dict[str, Any], key: str, fallback: int, how: str) -> tuple[int, str]:
