@@ -734,7 +734,7 @@ def test_a_deployed_server_is_measured_only_when_worker_0_says_ready(script, tmp
 
 def test_without_wrk_the_serving_workload_is_skipped_naming_the_package(script, monkeypatch):
     monkeypatch.setattr(script.shutil, "which", lambda name: None)
-    assert script.serving(None, {}) == {"skipped": "wrk is not installed (the Debian package wrk; role common installs it)"}
+    assert script.serving(None) == {"skipped": "wrk is not installed (the Debian package wrk; role common installs it)"}
 
 
 @pytest.mark.parametrize("absent", ["starlette", "uvicorn", "prometheus_client"])

@@ -45,8 +45,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
+from ..workloads import BY_NAME, WORKLOADS
 from .ml import _blas_threads, _data, _env_default, _env_int, _missing, _planned, median
 from .probe import configuration, core_cpus, cpu_busy, cpu_info, memory_devices, read
 
@@ -68,130 +71,129 @@ WORKLOAD_PLAN_VALUES = (
 )
 
 # Workload sizes. quick: about 90 s on a 2-core machine; full: the scale of real jobs
-# (XGBoost hist on 10M rows, 100 trees, depth 10: the GBM-perf Airline setup).
-PROFILES: dict[str, dict[str, Any]] = {
-    "quick": {
-        "gemm_n": 2048,
-        "gemm_repeats": 3,
-        "triad_n": 20_000_000,
-        "triad_repeats": 5,
+# (XGBoost hist on 10M rows, 100 trees, depth 10: the GBM-perf Airline setup). Each workload's
+# module holds its own (SIZES, prefixed keys); PROFILES joins them in the registry's order, then
+# the timeout of one worker. Until a workload's module holds its SIZES, WORKERS and drive, the
+# _LEGACY_ tables here hold them for it.
+_LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
+    "gemm": {
+        "quick": {"gemm_n": 2048, "gemm_repeats": 3},
+        "full": {"gemm_n": 4096, "gemm_repeats": 5},
+    },
+    "triad": {
+        "quick": {"triad_n": 20_000_000, "triad_repeats": 5},
+        "full": {"triad_n": 80_000_000, "triad_repeats": 10},
+    },
+    "gbdt": {
         # gbdt_rows: at most; gbdt_rows() gives each thread 125,000 of them.
-        "gbdt_rows": 1_000_000,
-        "gbdt_cols": 28,
-        "gbdt_depth": 8,
-        "gbdt_trees": 100,
-        "gbdt_trees_one": 20,
-        "gbdt_repeats": 1,
-        "mlp_batch": 2048,
-        "mlp_width": 1024,
-        "mlp_steps": 10,
-        "mlp_repeats": 3,
-        "hpo_rows": 100_000,
-        "hpo_trees": 40,
-        "hpo_trials_per_worker": 2,
-        "parquet_rows": 4_000_000,
-        "parquet_repeats": 3,
-        "infer_rows": 100_000,
-        "infer_trees": 200,
-        "infer_depth": 6,
-        "infer_calls": 2000,
-        "infer_repeats": 5,
-        "serving_rows": 20_000,
-        "serving_trees": 200,
-        "serving_depth": 6,
-        "serving_calls": 2000,
-        "serving_seconds": 4,
-        "serving_repeats": 1,
-        "sklearn_rows": 20_000,
-        "sklearn_trees": 20,
-        "sklearn_grid_rows": 10_000,
-        "sklearn_grid_iter": 5,
-        "sklearn_folds": 3,
-        "features_rows": 1_000_000,
-        "features_repeats": 3,
-        "matrix_share": None,
-        "matrix_rows": 200_000,
-        "matrix_folds": 4,
-        "loader_rows": 80_000,
-        "loader_shards": 8,
-        "loader_batch": 512,
-        "loader_epochs": 1,
-        "loader_width": 256,
-        "tf_batch": 1024,
-        "tf_width": 512,
-        "tf_steps": 10,
-        "timeout": 900,
+        "quick": {
+            "gbdt_rows": 1_000_000,
+            "gbdt_cols": 28,
+            "gbdt_depth": 8,
+            "gbdt_trees": 100,
+            "gbdt_trees_one": 20,
+            "gbdt_repeats": 1,
+        },
+        "full": {
+            "gbdt_rows": 10_000_000,
+            "gbdt_cols": 28,
+            "gbdt_depth": 10,
+            "gbdt_trees": 100,
+            "gbdt_trees_one": 100,
+            "gbdt_repeats": 3,
+        },
     },
-    "full": {
-        "gemm_n": 4096,
-        "gemm_repeats": 5,
-        "triad_n": 80_000_000,
-        "triad_repeats": 10,
-        "gbdt_rows": 10_000_000,
-        "gbdt_cols": 28,
-        "gbdt_depth": 10,
-        "gbdt_trees": 100,
-        "gbdt_trees_one": 100,
-        "gbdt_repeats": 3,
-        "mlp_batch": 4096,
-        "mlp_width": 2048,
-        "mlp_steps": 20,
-        "mlp_repeats": 5,
-        "hpo_rows": 1_000_000,
-        "hpo_trees": 100,
-        "hpo_trials_per_worker": 4,
-        "parquet_rows": 40_000_000,
-        "parquet_repeats": 5,
-        "infer_rows": 1_000_000,
-        "infer_trees": 200,
-        "infer_depth": 6,
-        "infer_calls": 20000,
-        "infer_repeats": 5,
-        "serving_rows": 200_000,
-        "serving_trees": 200,
-        "serving_depth": 6,
-        "serving_calls": 20000,
-        "serving_seconds": 15,
-        "serving_repeats": 3,
-        "sklearn_rows": 200_000,
-        "sklearn_trees": 100,
-        "sklearn_grid_rows": 100_000,
-        "sklearn_grid_iter": 20,
-        "sklearn_folds": 5,
-        "features_rows": 20_000_000,
-        "features_repeats": 5,
-        "matrix_share": 0.5,
-        "matrix_rows": None,
-        "matrix_folds": 5,
-        "loader_rows": 4_000_000,
-        "loader_shards": 32,
-        "loader_batch": 1024,
-        "loader_epochs": 2,
-        "loader_width": 512,
-        "tf_batch": 4096,
-        "tf_width": 2048,
-        "tf_steps": 20,
-        "timeout": 7200,
+    "mlp": {
+        "quick": {"mlp_batch": 2048, "mlp_width": 1024, "mlp_steps": 10, "mlp_repeats": 3},
+        "full": {"mlp_batch": 4096, "mlp_width": 2048, "mlp_steps": 20, "mlp_repeats": 5},
     },
+    "hpo": {
+        "quick": {"hpo_rows": 100_000, "hpo_trees": 40, "hpo_trials_per_worker": 2},
+        "full": {"hpo_rows": 1_000_000, "hpo_trees": 100, "hpo_trials_per_worker": 4},
+    },
+    "parquet": {
+        "quick": {"parquet_rows": 4_000_000, "parquet_repeats": 3},
+        "full": {"parquet_rows": 40_000_000, "parquet_repeats": 5},
+    },
+    "inference": {
+        "quick": {"infer_rows": 100_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 2000, "infer_repeats": 5},
+        "full": {"infer_rows": 1_000_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 20_000, "infer_repeats": 5},
+    },
+    "serving": {
+        "quick": {
+            "serving_rows": 20_000,
+            "serving_trees": 200,
+            "serving_depth": 6,
+            "serving_calls": 2000,
+            "serving_seconds": 4,
+            "serving_repeats": 1,
+        },
+        "full": {
+            "serving_rows": 200_000,
+            "serving_trees": 200,
+            "serving_depth": 6,
+            "serving_calls": 20_000,
+            "serving_seconds": 15,
+            "serving_repeats": 3,
+        },
+    },
+    "sklearn": {
+        "quick": {
+            "sklearn_rows": 20_000,
+            "sklearn_trees": 20,
+            "sklearn_grid_rows": 10_000,
+            "sklearn_grid_iter": 5,
+            "sklearn_folds": 3,
+        },
+        "full": {
+            "sklearn_rows": 200_000,
+            "sklearn_trees": 100,
+            "sklearn_grid_rows": 100_000,
+            "sklearn_grid_iter": 20,
+            "sklearn_folds": 5,
+        },
+    },
+    "features": {
+        "quick": {"features_rows": 1_000_000, "features_repeats": 3},
+        "full": {"features_rows": 20_000_000, "features_repeats": 5},
+    },
+    "matrix": {
+        "quick": {"matrix_share": None, "matrix_rows": 200_000, "matrix_folds": 4},
+        "full": {"matrix_share": 0.5, "matrix_rows": None, "matrix_folds": 5},
+    },
+    "dataloader": {
+        "quick": {"loader_rows": 80_000, "loader_shards": 8, "loader_batch": 512, "loader_epochs": 1, "loader_width": 256},
+        "full": {"loader_rows": 4_000_000, "loader_shards": 32, "loader_batch": 1024, "loader_epochs": 2, "loader_width": 512},
+    },
+    "tensorflow": {
+        "quick": {"tf_batch": 1024, "tf_width": 512, "tf_steps": 10},
+        "full": {"tf_batch": 4096, "tf_width": 2048, "tf_steps": 20},
+    },
+    "cluster": {"quick": {}, "full": {}},
 }
 
-TASKS = (
-    "gemm",
-    "triad",
-    "gbdt",
-    "mlp",
-    "hpo",
-    "parquet",
-    "inference",
-    "serving",
-    "sklearn",
-    "features",
-    "matrix",
-    "dataloader",
-    "tensorflow",
-)
+TIMEOUT = {"quick": 900, "full": 7200}  # seconds, one worker
+PROFILE_NAMES = ("quick", "full")
+
+
+def _sizes(workload: ModuleType) -> dict[str, dict[str, Any]]:
+    return getattr(workload, "SIZES", None) or _LEGACY_SIZES[workload.NAME]
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    profile: {**{k: v for w in WORKLOADS for k, v in _sizes(w)[profile].items()}, "timeout": TIMEOUT[profile]}
+    for profile in PROFILE_NAMES
+}
 # Run only when named (--only): the distributed trials on a Ray cluster, driven from its head.
-CLUSTER_TASKS = ("cluster",)
+_LEGACY_ONLY_WHEN_NAMED = ("cluster",)
+
+
+def _only_when_named(workload: ModuleType) -> bool:
+    return bool(getattr(workload, "ONLY_WHEN_NAMED", False)) or workload.NAME in _LEGACY_ONLY_WHEN_NAMED
+
+
+TASKS = tuple(w.NAME for w in WORKLOADS if not _only_when_named(w))
+CLUSTER_TASKS = tuple(w.NAME for w in WORKLOADS if _only_when_named(w))
 RAY_CONFIG = "/etc/provisioner/ray/ray.json"
 
 
@@ -270,6 +272,7 @@ class Runner:
         self.trials = trials
         self.serving_plan: dict[str, Any] | None = None
         self.plan: dict[str, Any] = {}
+        self.cpu: dict[str, Any] = {}
 
     def worker(self, task: str, **extra: Any) -> dict[str, Any]:
         params = {
@@ -412,6 +415,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runner = Runner(args, script, workdir, threads, trials)
         runner.serving_plan = serving_plan
         runner.plan = plan
+        runner.cpu = cpu
         chosen = (
             []
             if args.config_only
@@ -419,34 +423,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         for task in chosen:
             t0 = time.monotonic()
-            if task == "gemm":
-                with ClockSampler() as clock:
-                    result = runner.worker(task)
-                result["clock_mhz_under_load"] = median(clock.samples) if clock.samples else None
-                result["clock_source"] = (
-                    "cpufreq scaling_cur_freq under DGEMM load"
-                    if cpu["cpufreq"]
-                    else "/proc/cpuinfo cpu MHz under DGEMM load (no cpufreq driver: the hypervisor's or firmware's "
-                    "nominal clock; boost may run above it)"
-                )
-                # Right after the DGEMM runs: the clock counted in cycles, on one core and on all at once.
-                result["clock_loop"] = runner.worker("clock")
-            elif task == "parquet":
-                result = parquet(runner)
-            elif task == "serving":
-                result = serving(runner, cpu)
-            elif task == "features":
-                result = features(runner)
-            elif task == "cluster":
-                result = runner.worker(task, ray_config=args.ray_config)
-            else:
-                result = runner.worker(task)
+            # A workload's root-parent step where it has one (its module's drive), else its one worker.
+            drive = getattr(BY_NAME[task], "drive", None) or _LEGACY_DRIVES.get(task)
+            result = drive(runner) if drive else runner.worker(task)
             result["seconds"] = round(time.monotonic() - t0, 2)
             out["results"][task] = result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out["seconds"] = round(time.time() - started, 2)
     return out
+
+
+def gemm(runner: Runner) -> dict[str, Any]:
+    """DGEMM with the clock sampled under its load, then the clock counted in cycles."""
+    with ClockSampler() as clock:
+        result = runner.worker("gemm")
+    result["clock_mhz_under_load"] = median(clock.samples) if clock.samples else None
+    result["clock_source"] = (
+        "cpufreq scaling_cur_freq under DGEMM load"
+        if runner.cpu["cpufreq"]
+        else "/proc/cpuinfo cpu MHz under DGEMM load (no cpufreq driver: the hypervisor's or firmware's "
+        "nominal clock; boost may run above it)"
+    )
+    # Right after the DGEMM runs: the clock counted in cycles, on one core and on all at once.
+    result["clock_loop"] = runner.worker("clock")
+    return result
+
+
+def cluster(runner: Runner) -> dict[str, Any]:
+    """The distributed trials, driven from the Ray head: its node's configuration says where the cluster is."""
+    return runner.worker("cluster", ray_config=runner.args.ray_config)
 
 
 def features(runner: Runner) -> dict[str, Any]:
@@ -691,7 +697,7 @@ def run_wrk(wrk: str, lua: str, url: str, connections: int, seconds: float) -> d
     return parse_wrk(r.stdout)
 
 
-def serving(runner: Runner, cpu: dict[str, Any]) -> dict[str, Any]:
+def serving(runner: Runner) -> dict[str, Any]:
     """The model server under HTTP load: the deployed one when it answers (tuned mode), else a
     throwaway one on free loopback ports with a 200-tree XGBoost model, at 1, 8 and 32 connections."""
     wrk = shutil.which("wrk")
@@ -2346,23 +2352,31 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-WORKERS = {
-    "gemm": w_gemm,
-    "clock": w_clock,
-    "triad": w_triad,
-    "gbdt": w_gbdt,
-    "mlp": w_mlp,
-    "hpo": w_hpo,
-    "parquet_write": w_parquet_write,
-    "parquet_scan": w_parquet_scan,
-    "inference": w_inference,
-    "serving_model": w_serving_model,
-    "sklearn": w_sklearn,
-    "features": w_features,
-    "matrix": w_matrix,
-    "dataloader": w_dataloader,
-    "tensorflow": w_tensorflow,
-    "cluster": w_cluster,
+# The measuring functions each task names, until the workload's module holds them (its WORKERS).
+_LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    "gemm": {"gemm": w_gemm, "clock": w_clock},
+    "triad": {"triad": w_triad},
+    "gbdt": {"gbdt": w_gbdt},
+    "mlp": {"mlp": w_mlp},
+    "hpo": {"hpo": w_hpo},
+    "parquet": {"parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan},
+    "inference": {"inference": w_inference},
+    "serving": {"serving_model": w_serving_model},
+    "sklearn": {"sklearn": w_sklearn},
+    "features": {"features": w_features},
+    "matrix": {"matrix": w_matrix},
+    "dataloader": {"dataloader": w_dataloader},
+    "tensorflow": {"tensorflow": w_tensorflow},
+    "cluster": {"cluster": w_cluster},
+}
+WORKERS = {task: fn for w in WORKLOADS for task, fn in (getattr(w, "WORKERS", None) or _LEGACY_WORKERS[w.NAME]).items()}
+# The root parent's step of a workload, until its module holds it (its drive).
+_LEGACY_DRIVES: dict[str, Callable[[Runner], dict[str, Any]]] = {
+    "gemm": gemm,
+    "parquet": parquet,
+    "serving": serving,
+    "features": features,
+    "cluster": cluster,
 }
 
 
