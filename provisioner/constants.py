@@ -2,29 +2,19 @@
 
 The one source is plugins/module_utils/provisioner_constants.py (the modules carry it to the
 targets, the roles' filter ``provisioner_constant`` reads it on the controller); this module
-loads that file by path, so the control node holds no second copy.
+loads that file by path (provisioner.module_utils), so the control node holds no second copy.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from types import ModuleType
 
 from . import paths
+from .module_utils import load
 
 SOURCE = paths.PLUGINS / "module_utils" / "provisioner_constants.py"
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("provisioner_constants", SOURCE)
-    if spec is None or spec.loader is None:  # pragma: no cover - a broken install
-        raise ImportError(f"cannot load {SOURCE}: reinstall provisioner")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_source = _load()
+_source = load("provisioner_constants")
 
 
 def source() -> ModuleType:

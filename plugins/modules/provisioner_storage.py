@@ -133,6 +133,11 @@ try:  # installed as the provisioner.ml collection
         STORAGE_LEVELS,
         SYSTEM_MOUNTPOINTS,
     )
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
+        describe_contents,
+        findings,
+        has_contents,
+    )
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
     from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, run, to_int, unescape_octal
     from ansible.module_utils.provisioner_constants import (
@@ -142,6 +147,7 @@ except ImportError:  # run from the repository: ansible.cfg and the CLI put plug
         STORAGE_LEVELS,
         SYSTEM_MOUNTPOINTS,
     )
+    from ansible.module_utils.provisioner_drive_rules import describe_contents, findings, has_contents
 
 MD_LEVEL_NUMBER = {"raid0": 0, "raid1": 1, "raid10": 10}
 MD_LEVEL_NAME = {0: "raid0", 1: "raid1", 10: "raid10", 4: "raid4", 5: "raid5", 6: "raid6", -1: "linear"}
@@ -670,55 +676,6 @@ def planned_uuid(kind, members, spec):
     return str(uuid.uuid5(UUID_NAMESPACE, seed))
 
 
-def _sig_text(sig):
-    kind = sig.get("type") or "unknown"
-    extra = []
-    if sig.get("label"):
-        extra.append("label {}".format(sig["label"]))
-    if sig.get("uuid"):
-        extra.append("UUID {}".format(sig["uuid"]))
-    what = {
-        "linux_raid_member": "an md RAID member signature",
-        "gpt": "a GPT partition table",
-        "PMBR": "a protective MBR",
-        "dos": "a DOS partition table",
-        "LVM2_member": "an LVM physical volume",
-        "crypto_LUKS": "a LUKS encrypted volume",
-        "swap": "a swap signature",
-    }.get(kind)
-    if what is None:
-        article = "an" if kind[:1].lower() in "aeioufnx" else "a"
-        what = f"{article} {kind} filesystem" if kind not in ("ambiguous", "unknown") else f"signatures ({kind})"
-    return what + (" ({})".format(", ".join(extra)) if extra else "")
-
-
-def describe_contents(device):
-    """What the device holds, in words (for the refusal)."""
-    parts = []
-    if device.get("partitions"):
-        parts.append("{:d} partition(s) ({})".format(len(device["partitions"]), ", ".join(device["partitions"])))
-    seen = set()
-    for sig in device.get("signatures") or []:
-        text = _sig_text(sig)
-        if text not in seen:
-            seen.add(text)
-            parts.append(text)
-    if not parts and device.get("btrfs"):
-        parts.append("a btrfs filesystem (UUID {})".format(device["btrfs"]["fsid"]))
-    if not parts and device.get("md"):
-        parts.append("an md RAID member signature (array {})".format(device["md"]["uuid"]))
-    if not parts and device.get("xfs"):
-        parts.append("an xfs filesystem (UUID {})".format(device["xfs"]["uuid"]))
-    return " and ".join(parts)
-
-
-def has_contents(device):
-    return bool(
-        device.get("partitions") or device.get("signatures") or device.get("btrfs") or device.get("md")
-        or device.get("xfs")
-    )
-
-
 def _who(member):
     return member["id"] if member["id"] == member["path"] else "{} ({})".format(member["id"], member["path"])
 
@@ -907,14 +864,16 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     if level == "raid10" and uses_md and named_count % 2:
         refusals.append(f"storage: raid10 needs an even number of drives, storage_devices names {named_count:d}")
 
-    # Drives in any use are refused outright; wiping does not cover them.
-    for m in members:
+    # Drives in any use are refused outright; wiping does not cover them (the shared rules' findings:
+    # provisioner_drive_rules.py).
+    found = [dict(findings(m)) for m in members]
+    for m, kinds in zip(members, found):
         who = _who(m)
-        if m.get("probe_error"):
-            refusals.append("storage: refusing {}: could not be inspected ({}) — fix that first".format(who, m["probe_error"]))
-        if m.get("read_only"):
+        if "unprobed" in kinds:
+            refusals.append("storage: refusing {}: could not be inspected ({}) — fix that first".format(who, kinds["unprobed"]))
+        if "read_only" in kinds:
             refusals.append(f"storage: refusing {who}: the device is read-only")
-        if not m.get("size_bytes"):
+        if "empty" in kinds:
             refusals.append(f"storage: refusing {who}: size 0 (no medium?)")
 
     adopt_fs = adopt_md = None
@@ -962,23 +921,23 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         for m in members:
             adopted_mounts |= set(m.get("mountpoints") or [])
 
-    for m in members:
+    for m, kinds in zip(members, found):
         who = _who(m)
-        points = [p for p in (m.get("mountpoints") or [])]
+        points = kinds.get("mounted") or []
         if points and not (adopt_fs or adopt_md):
             hint = " (the root disk)" if any(p in SYSTEM_MOUNTPOINTS for p in points) else ""
             refusals.append(
                 "storage: refusing {}: mounted at {}{} — unmount it first; storage never unmounts or wipes a mounted "
                 "drive, not even one in storage_wipe_devices".format(who, ", ".join(points), hint))
             continue
-        if m.get("holders") and not adopt_md:
+        if "held" in kinds and not adopt_md:
             refusals.append(
                 "storage: refusing {}: in use by {} — stop that first (e.g. mdadm --stop /dev/{}); storage never "
-                "stops arrays, not even for storage_wipe_devices".format(who, ", ".join(m["holders"]), m["holders"][0]))
+                "stops arrays, not even for storage_wipe_devices".format(who, ", ".join(kinds["held"]), kinds["held"][0]))
             continue
         if adopt_fs or adopt_md:
             continue
-        if has_contents(m):
+        if "partitions" in kinds or "signatures" in kinds:
             what = describe_contents(m)
             if m.get("wipe_allowed"):
                 result["wipe"].append(m)

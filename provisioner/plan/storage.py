@@ -7,8 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from provisioner.constants import MD_CHUNK_KB, MIN_DRIVES, READ_AHEAD_KB
+from provisioner.module_utils import load
 from provisioner.plan.base import PlanError, _get, _human_bytes
 from provisioner.plan.options import PlanOptions
+
+rules = load("provisioner_drive_rules")
 
 
 def stable_id(device: Mapping[str, Any]) -> tuple[str, bool]:
@@ -20,32 +23,34 @@ def stable_id(device: Mapping[str, Any]) -> tuple[str, bool]:
     return device.get("path") or f"/dev/{device['name']}", False
 
 
+# The plan's words for each finding of the shared rules (plugins/module_utils/provisioner_drive_rules.py).
+_WORDS = {
+    "root": lambda detail: "root disk: holds /, /boot or /boot/efi",
+    "mounted": lambda detail: f"mounted at {', '.join(detail or ['?'])}",
+    "held": lambda detail: f"in use by {', '.join(detail)}",
+    "partitions": lambda detail: f"has partitions ({', '.join(detail)})",
+    "signatures": lambda detail: f"has a signature ({', '.join(detail)}): may hold data",
+    "unprobed": lambda detail: "could not be probed for signatures (blkid -p failed): may hold data",
+    "read_only": lambda detail: "read-only",
+    "removable": lambda detail: "removable",
+}
+
+
 def exclusion_reason(device: Mapping[str, Any], explicit: bool = False) -> str | None:
-    """Why a drive is not free for a new data array, or None when it is.
+    """Why a drive is not free for a new data array, or None when it is: the first finding of the
+    rules the storage module shares, then (unless named) loop and non-NVMe drives, then size 0.
     See docs/tuning.md, 'Which drives'."""
-    if device.get("root_disk"):
-        return "root disk: holds /, /boot or /boot/efi"
-    if device.get("mounted") or device.get("mountpoints"):
-        return f"mounted at {', '.join(device.get('mountpoints') or ['?'])}"
-    if device.get("holders"):
-        return f"in use by {', '.join(device['holders'])}"
-    if device.get("partitions"):
-        return f"has partitions ({', '.join(device['partitions'])})"
-    if device.get("signatures"):
-        return f"has a signature ({', '.join(device['signatures'])}): may hold data"
-    if device.get("signature_probe") == "failed":
-        return "could not be probed for signatures (blkid -p failed): may hold data"
-    if device.get("read_only"):
-        return "read-only"
-    if device.get("removable"):
-        return "removable"
+    found = rules.findings(device)
+    for kind, detail in found:
+        if kind != "empty":
+            return str(_WORDS[kind](detail))
     if not explicit:
         if device.get("loop"):
             return "loop device (name it in plan_storage_devices to use it)"
         if not device.get("nvme"):
             kind = "rotational" if device.get("rotational") else "SATA/SAS/virtual"
             return f"not NVMe ({kind}; name it in plan_storage_devices to use it)"
-    if not device.get("size_bytes"):
+    if found:
         return "size 0"
     return None
 
