@@ -56,3 +56,16 @@ def test_a_skipped_or_failed_workload_is_one_check_naming_why():
         failed = workload.checks(raw, {"error": "boom"})
         assert [c.status for c in skipped] == [smoke.SKIP] and skipped[0].reason == "not installed", workload.NAME
         assert [c.status for c in failed] == [smoke.FAIL] and "boom" in failed[0].reason, workload.NAME
+
+
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.NAME)
+def test_a_workload_that_holds_its_target_code_has_the_interface_the_target_calls(workload):
+    """SIZES for both profiles with the same keys, each prefixed as today's PROFILES; WORKERS: task ->
+    measuring function; drive: the root parent's step. (A workload not moved yet has none of them.)"""
+    sizes = getattr(workload, "SIZES", None)
+    if sizes is None:
+        assert not hasattr(workload, "WORKERS") and not hasattr(workload, "drive")
+        return
+    assert list(sizes) == ["quick", "full"] and list(sizes["quick"]) == list(sizes["full"])
+    assert workload.WORKERS and all(callable(f) for f in workload.WORKERS.values())
+    assert callable(getattr(workload, "drive", callable))

@@ -80,10 +80,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "quick": {"gemm_n": 2048, "gemm_repeats": 3},
         "full": {"gemm_n": 4096, "gemm_repeats": 5},
     },
-    "triad": {
-        "quick": {"triad_n": 20_000_000, "triad_repeats": 5},
-        "full": {"triad_n": 80_000_000, "triad_repeats": 10},
-    },
     "gbdt": {
         # gbdt_rows: at most; gbdt_rows() gives each thread 125,000 of them.
         "quick": {
@@ -1050,40 +1046,6 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
                 "threads": threads if threads else (_blas_threads() if tuned else "library default"),
             }
     return out
-
-
-def w_triad(p: dict[str, Any]) -> dict[str, Any]:
-    """STREAM triad a = b + s*c: one fused pass with torch (3 arrays of traffic), else numpy in two."""
-    import importlib.util
-
-    s = PROFILES[p["profile"]]
-    n = s["triad_n"]
-    times = []
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        b, c = torch.rand(n, dtype=torch.float64), torch.rand(n, dtype=torch.float64)
-        a = torch.empty(n, dtype=torch.float64)
-        torch.add(b, c, alpha=3.0, out=a)
-        for _ in range(s["triad_repeats"]):
-            t0 = time.perf_counter()
-            torch.add(b, c, alpha=3.0, out=a)
-            times.append(time.perf_counter() - t0)
-        arrays, how, threads = 3, "torch.add(b, c, alpha=s, out=a): one fused pass", torch.get_num_threads()
-    else:
-        import numpy as np
-
-        b, c = np.random.rand(n), np.random.rand(n)
-        a = np.empty(n)
-        for _ in range(s["triad_repeats"] + 1):
-            t0 = time.perf_counter()
-            np.multiply(c, 3.0, out=a)
-            np.add(a, b, out=a)
-            times.append(time.perf_counter() - t0)
-        times = times[1:]
-        arrays, how, threads = 5, "numpy multiply then add (two passes, 5 arrays of traffic; torch not installed)", 1
-    moved = arrays * 8 * n
-    return {"n": n, "bytes_moved": moved, "how": how, "threads": threads, "times_s": times, "gbps": moved / median(times) / 1e9}
 
 
 def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple[float, float]:
@@ -2355,7 +2317,6 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
 # The measuring functions each task names, until the workload's module holds them (its WORKERS).
 _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "gemm": {"gemm": w_gemm, "clock": w_clock},
-    "triad": {"triad": w_triad},
     "gbdt": {"gbdt": w_gbdt},
     "mlp": {"mlp": w_mlp},
     "hpo": {"hpo": w_hpo},

@@ -1,0 +1,1 @@
+"""The smoke workloads' target code, one test module per workload (provisioner/smoke/workloads/NAME.py)."""
