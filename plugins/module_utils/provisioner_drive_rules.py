@@ -17,6 +17,37 @@ for them (the plan: any finding leaves the drive out; the module: mounted, held 
 the array it adopts, or wiped when storage_wipe_devices allows it, the rest refuse).
 """
 
+# /dev/disk/by-id link prefixes, best first: hardware ids (WWN, NVMe EUI) before model_serial names.
+BY_ID_RANK = (("wwn-", 0), ("nvme-eui.", 1), ("nvme-nvme.", 2), ("nvme-", 3), ("ata-", 3), ("scsi-", 4))
+
+
+def sort_by_id(links):
+    """/dev/disk/by-id links, best first (BY_ID_RANK, then the shorter, then by name), once each."""
+
+    def rank(link):
+        name = link.rsplit("/", 1)[-1]
+        for prefix, value in BY_ID_RANK:
+            if name.startswith(prefix):
+                return (value, len(name), name)
+        return (9, len(name), name)
+
+    return sorted(set(links), key=rank)
+
+
+def norm_wwn(text):
+    """A WWN as the user may write it (wwn-0x..., naa., eui., any case) -> bare lower-case digits."""
+    text = (text or "").strip().lower()
+    for prefix in ("wwn-", "0x", "naa.", "eui.", "t10.", "nvme."):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return "".join(c for c in text if "0" <= c <= "9" or "a" <= c <= "z")
+
+
+def norm_serial(text):
+    """A drive serial as compared: without surrounding blanks."""
+    return (text or "").strip()
+
+
 # The kinds of finding, in the order both readers report them.
 KINDS = ("root", "mounted", "held", "partitions", "signatures", "unprobed", "read_only", "removable", "empty")
 

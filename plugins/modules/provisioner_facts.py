@@ -116,9 +116,13 @@ try:  # installed as the provisioner.ml collection
         to_int,
     )
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import sort_by_id
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drives import by_id_links, parse_swaps
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
     from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, read_text, run, to_int
     from ansible.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
+    from ansible.module_utils.provisioner_drive_rules import sort_by_id
+    from ansible.module_utils.provisioner_drives import by_id_links, parse_swaps
 
 SCHEMA = 1
 ISA_FLAGS = {
@@ -130,9 +134,6 @@ ISA_FLAGS = {
     "fma": ("fma",),
 }
 # udev by-id links in order of preference: hardware ids first, then model+serial.
-BY_ID_RANK = (("wwn-", 0), ("nvme-eui.", 1), ("nvme-nvme.", 2), ("nvme-", 3), ("ata-", 3), ("scsi-", 4))
-
-
 # --------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------
@@ -518,41 +519,8 @@ def gather_thp(root="/"):
 # --------------------------------------------------------------------------
 
 
-def parse_swaps(text):
-    """/proc/swaps -> device paths in use as swap."""
-    lines = (text or "").splitlines()[1:]
-    return [line.split()[0] for line in lines if line.split() and line.split()[1] == "partition"]
-
-
-def list_by_id(root="/"):
-    """kernel name -> [/dev/disk/by-id/... links], best first (no -partN links)."""
-    result: dict[str, list[str]] = {}
-    directory = path_in(root, "/dev/disk/by-id")
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return result
-    for name in names:
-        try:
-            target = os.readlink(os.path.join(directory, name))
-        except OSError:
-            continue
-        kname = os.path.basename(target)
-        result.setdefault(kname, []).append("/dev/disk/by-id/" + name)
-    for kname in result:
-        result[kname] = sort_by_id(result[kname])
-    return result
-
-
-def sort_by_id(links):
-    def rank(link):
-        name = os.path.basename(link)
-        for prefix, value in BY_ID_RANK:
-            if name.startswith(prefix):
-                return (value, len(name), name)
-        return (9, len(name), name)
-
-    return sorted(set(links), key=rank)
+# kernel name -> [/dev/disk/by-id/... links], best first: the storage module lists them alike.
+list_by_id = by_id_links
 
 
 def _skip_device(name, kind, size):

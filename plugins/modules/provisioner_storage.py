@@ -138,6 +138,13 @@ try:  # installed as the provisioner.ml collection
         findings,
         has_contents,
     )
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drives import (
+        by_id_links,
+        is_absent,
+        list_disks,
+        parse_swaps,
+        resolve,
+    )
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
     from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, run, to_int, unescape_octal
     from ansible.module_utils.provisioner_constants import (
@@ -148,6 +155,7 @@ except ImportError:  # run from the repository: ansible.cfg and the CLI put plug
         SYSTEM_MOUNTPOINTS,
     )
     from ansible.module_utils.provisioner_drive_rules import describe_contents, findings, has_contents
+    from ansible.module_utils.provisioner_drives import by_id_links, is_absent, list_disks, parse_swaps, resolve
 
 MD_LEVEL_NUMBER = {"raid0": 0, "raid1": 1, "raid10": 10}
 MD_LEVEL_NAME = {0: "raid0", 1: "raid1", 10: "raid10", 4: "raid4", 5: "raid5", 6: "raid6", -1: "linear"}
@@ -403,109 +411,6 @@ def parse_xfs_super(buf):
 # --------------------------------------------------------------------------
 # the target: ids, block devices, mounts
 # --------------------------------------------------------------------------
-
-
-def _norm_wwn(text):
-    text = (text or "").strip().lower()
-    for prefix in ("wwn-", "0x", "naa.", "eui.", "t10.", "nvme."):
-        if text.startswith(prefix):
-            text = text[len(prefix):]
-    return re.sub(r"[^0-9a-z]", "", text)
-
-
-def _norm_serial(text):
-    return (text or "").strip()
-
-
-def list_disks(root="/"):
-    """Whole block devices (not partitions, not ram/zram) -> {kname: identity}."""
-    disks = {}
-    for entry in sorted(glob.glob(path_in(root, "/sys/block/*"))):
-        name = os.path.basename(entry)
-        if name.startswith(("ram", "zram")):
-            continue
-        base = "/sys/block/" + name
-        disks[name] = {
-            "serial": read_line(root, base + "/device/serial") or read_line(root, base + "/serial"),
-            "wwid": read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid"),
-        }
-    return disks
-
-
-def by_id_links(root="/"):
-    """kname -> [/dev/disk/by-id/... links to the whole device] (no -partN)."""
-    result: dict[str, list[str]] = {}
-    directory = path_in(root, "/dev/disk/by-id")
-    try:
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return result
-    for name in names:
-        full = os.path.join(directory, name)
-        try:
-            target = os.path.realpath(full) if root == "/" else os.readlink(full)
-        except OSError:
-            continue
-        result.setdefault(os.path.basename(target), []).append("/dev/disk/by-id/" + name)
-    return result
-
-
-def resolve(spec, root="/", allow_unstable=False, disks=None, links=None):
-    """A configured id -> (kname, None) or (None, one-line reason)."""
-    spec = str(spec).strip()
-    disks = disks if disks is not None else list_disks(root)
-    if spec.startswith("serial:"):
-        wanted = _norm_serial(spec[len("serial:"):])
-        hits = sorted(k for k, d in disks.items() if wanted and _norm_serial(d.get("serial")) == wanted)
-        return _one(spec, hits)
-    if spec.startswith("wwn:"):
-        wanted = _norm_wwn(spec[len("wwn:"):])
-        hits = sorted(k for k, d in disks.items() if wanted and _norm_wwn(d.get("wwid")) == wanted)
-        return _one(spec, hits)
-    if spec.startswith("/dev/disk/by-id/"):
-        link = path_in(root, spec)
-        if not os.path.lexists(link):
-            return None, f"{spec} does not exist on this host (see ls -l /dev/disk/by-id)"
-        target = os.path.realpath(link) if root == "/" else os.path.join(os.path.dirname(spec), os.readlink(link))
-        kname = os.path.basename(os.path.normpath(target))
-        if kname not in disks:
-            if os.path.exists(path_in(root, f"/sys/class/block/{kname}/partition")):
-                return None, f"{spec} is a partition ({kname}); name the whole drive"
-            return None, f"{spec} points to {kname}, which is not a whole block device"
-        return kname, None
-    if spec.startswith("/dev/") and "/" not in spec[len("/dev/"):]:
-        kname = spec[len("/dev/"):]
-        if not allow_unstable:
-            stable = (links or {}).get(kname) or []
-            hint = (f"name it {stable[0]}") if stable else "name it by /dev/disk/by-id/..., serial:... or wwn:..."
-            return None, (
-                f"{spec} is a kernel name, which can change across reboots — {hint} "
-                "(storage_allow_unstable_names: true is for tests and VMs only)"
-            )
-        if kname not in disks:
-            if os.path.exists(path_in(root, f"/sys/class/block/{kname}/partition")):
-                return None, f"{spec} is a partition; name the whole drive"
-            return None, f"{spec} is not a block device on this host"
-        return kname, None
-    return None, (
-        f"{spec} is not a stable device id: use /dev/disk/by-id/..., serial:XYZ or wwn:0x..."
-    )
-
-
-# The reasons resolve() gives for an id whose drive is not on the host at all (pulled, failed).
-ABSENT_REASONS = ("does not exist on this host", "matches no block device on this host")
-
-
-def is_absent(reason):
-    return any(text in (reason or "") for text in ABSENT_REASONS)
-
-
-def _one(spec, hits):
-    if not hits:
-        return None, f"{spec} matches no block device on this host"
-    if len(hits) > 1:
-        return None, "{} matches several block devices ({})".format(spec, ", ".join(hits))
-    return hits[0], None
 
 
 def signatures_of(path):
@@ -1250,7 +1155,9 @@ def gather(params, root="/", probe=True):
     }
     allow_unstable = bool(params.get("allow_unstable_names"))
     disks = list_disks(root)
-    links = by_id_links(root)
+    # By name, not ranked as the facts list them: a serial:/wwn: id's command path (fstab device=,
+    # the udev rule, mdadm --create) is the alphabetically first link on hosts built so far.
+    links = {kname: sorted(names) for kname, names in by_id_links(root).items()}
     try:
         with open(path_in(root, "/proc/self/mountinfo")) as handle:
             mounts = parse_mountinfo(handle.read())
@@ -1258,7 +1165,7 @@ def gather(params, root="/", probe=True):
         mounts = []
     try:
         with open(path_in(root, "/proc/swaps")) as handle:
-            swaps = [line.split()[0] for line in handle.read().splitlines()[1:] if line.split()]
+            swaps = parse_swaps(handle.read())
     except OSError:
         swaps = []
 

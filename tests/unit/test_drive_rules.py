@@ -183,6 +183,7 @@ def id_tree(tmp_path: Path) -> Path:
     by_id = root / "dev" / "disk" / "by-id"
     by_id.mkdir(parents=True)
     (by_id / "nvme-SAMSUNG_S64H1").symlink_to("../../nvme1n1")
+    (by_id / "nvme-eui.0001").symlink_to("../../nvme1n1")
     (by_id / "dm-name-vg-lv").symlink_to("../../dm-0")
     return root
 
@@ -220,3 +221,15 @@ def test_the_plan_and_the_module_accept_the_same_ids(id_tree, name):
         assert verdicts == KNOWN_ID_DISAGREEMENTS[name], f"{name}: fixed? delete it from KNOWN_ID_DISAGREEMENTS"
     else:
         assert verdicts == ("use", "use"), name
+
+
+def test_the_name_each_reader_gives_a_drive_named_by_serial(id_tree):
+    """Case 7, kept: both list the same links (provisioner_drives.by_id_links), the facts best first,
+    while the module names a serial:/wwn: drive in its commands, fstab device= and udev rule by the
+    alphabetically first link, as on every host it has built so far."""
+    facts_links = {d["name"]: d["by_id"] for d in pf.gather_block_devices(str(id_tree))}["nvme1n1"]
+    assert facts_links == ["/dev/disk/by-id/nvme-eui.0001", "/dev/disk/by-id/nvme-SAMSUNG_S64H1"]
+    params = {"devices": ["serial:S64H1"], "level": "single", "backend": "mdadm", "mountpoint": "/data"}
+    (member,) = ps.gather(params, root=str(id_tree), probe=False)["members"]
+    assert member["cmd_path"] == "/dev/disk/by-id/nvme-SAMSUNG_S64H1" != facts_links[0]
+    assert member["by_id"] == sorted(facts_links)

@@ -1,0 +1,125 @@
+# Copyright: provisioner contributors
+# Apache License 2.0 (see pyproject.toml)
+"""The drives of the target by name, for both modules that read them: provisioner_facts (what the
+plan proposes from) and provisioner_storage (what it builds on).
+
+- by_id_links: /dev/disk/by-id links per kernel name, best first (the shared BY_ID_RANK);
+- list_disks: every whole block device under /sys/block with its serial and WWID;
+- resolve: an id as storage_devices accepts it (by-id link, serial:, wwn:, kernel name) -> kernel name;
+- parse_swaps: the block devices in use as swap.
+
+Runs on the target inside the modules (standard library only, python3 3.8 and later); ``root``
+other than "/" reads a fake tree (tests).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+try:  # installed as the provisioner.ml collection
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import path_in, read_line
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
+        norm_serial,
+        norm_wwn,
+        sort_by_id,
+    )
+except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
+    from ansible.module_utils.provisioner_common import path_in, read_line
+    from ansible.module_utils.provisioner_drive_rules import norm_serial, norm_wwn, sort_by_id
+
+
+def parse_swaps(text):
+    """/proc/swaps -> the block devices in use as swap (swap files are not drives)."""
+    lines = (text or "").splitlines()[1:]
+    return [line.split()[0] for line in lines if line.split() and line.split()[1] == "partition"]
+
+
+def by_id_links(root="/"):
+    """kernel name -> [/dev/disk/by-id/... links to it], best first (sort_by_id). A -partN link names
+    the partition's kernel name, never a whole drive's."""
+    result: dict[str, list[str]] = {}
+    directory = path_in(root, "/dev/disk/by-id")
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return result
+    for name in names:
+        full = os.path.join(directory, name)
+        try:
+            target = os.path.realpath(full) if root == "/" else os.readlink(full)
+        except OSError:
+            continue
+        result.setdefault(os.path.basename(target), []).append("/dev/disk/by-id/" + name)
+    return {kname: sort_by_id(links) for kname, links in result.items()}
+
+
+def list_disks(root="/"):
+    """Whole block devices (not partitions, not ram/zram) -> {kname: {"serial", "wwid"}}."""
+    disks = {}
+    for entry in sorted(glob.glob(path_in(root, "/sys/block/*"))):
+        name = os.path.basename(entry)
+        if name.startswith(("ram", "zram")):
+            continue
+        base = "/sys/block/" + name
+        disks[name] = {
+            "serial": read_line(root, base + "/device/serial") or read_line(root, base + "/serial"),
+            "wwid": read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid"),
+        }
+    return disks
+
+
+def resolve(spec, root="/", allow_unstable=False, disks=None, links=None):
+    """A configured id -> (kname, None) or (None, one-line reason)."""
+    spec = str(spec).strip()
+    disks = disks if disks is not None else list_disks(root)
+    if spec.startswith("serial:"):
+        wanted = norm_serial(spec[len("serial:") :])
+        hits = sorted(k for k, d in disks.items() if wanted and norm_serial(d.get("serial")) == wanted)
+        return _one(spec, hits)
+    if spec.startswith("wwn:"):
+        wanted = norm_wwn(spec[len("wwn:") :])
+        hits = sorted(k for k, d in disks.items() if wanted and norm_wwn(d.get("wwid")) == wanted)
+        return _one(spec, hits)
+    if spec.startswith("/dev/disk/by-id/"):
+        link = path_in(root, spec)
+        if not os.path.lexists(link):
+            return None, f"{spec} does not exist on this host (see ls -l /dev/disk/by-id)"
+        target = os.path.realpath(link) if root == "/" else os.path.join(os.path.dirname(spec), os.readlink(link))
+        kname = os.path.basename(os.path.normpath(target))
+        if kname not in disks:
+            if os.path.exists(path_in(root, f"/sys/class/block/{kname}/partition")):
+                return None, f"{spec} is a partition ({kname}); name the whole drive"
+            return None, f"{spec} points to {kname}, which is not a whole block device"
+        return kname, None
+    if spec.startswith("/dev/") and "/" not in spec[len("/dev/") :]:
+        kname = spec[len("/dev/") :]
+        if not allow_unstable:
+            stable = (links or {}).get(kname) or []
+            hint = (f"name it {stable[0]}") if stable else "name it by /dev/disk/by-id/..., serial:... or wwn:..."
+            return None, (
+                f"{spec} is a kernel name, which can change across reboots — {hint} "
+                "(storage_allow_unstable_names: true is for tests and VMs only)"
+            )
+        if kname not in disks:
+            if os.path.exists(path_in(root, f"/sys/class/block/{kname}/partition")):
+                return None, f"{spec} is a partition; name the whole drive"
+            return None, f"{spec} is not a block device on this host"
+        return kname, None
+    return None, f"{spec} is not a stable device id: use /dev/disk/by-id/..., serial:XYZ or wwn:0x..."
+
+
+# The reasons resolve() gives for an id whose drive is not on the host at all (pulled, failed).
+ABSENT_REASONS = ("does not exist on this host", "matches no block device on this host")
+
+
+def is_absent(reason):
+    return any(text in (reason or "") for text in ABSENT_REASONS)
+
+
+def _one(spec, hits):
+    if not hits:
+        return None, f"{spec} matches no block device on this host"
+    if len(hits) > 1:
+        return None, "{} matches several block devices ({})".format(spec, ", ".join(hits))
+    return hits[0], None
