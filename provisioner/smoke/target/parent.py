@@ -99,10 +99,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
             "gbdt_repeats": 3,
         },
     },
-    "mlp": {
-        "quick": {"mlp_batch": 2048, "mlp_width": 1024, "mlp_steps": 10, "mlp_repeats": 3},
-        "full": {"mlp_batch": 4096, "mlp_width": 2048, "mlp_steps": 20, "mlp_repeats": 5},
-    },
     "hpo": {
         "quick": {"hpo_rows": 100_000, "hpo_trees": 40, "hpo_trials_per_worker": 2},
         "full": {"hpo_rows": 1_000_000, "hpo_trees": 100, "hpo_trials_per_worker": 4},
@@ -1143,60 +1139,6 @@ def w_gbdt(p: dict[str, Any]) -> dict[str, Any]:
             }
         out[lib] = res
     return out
-
-
-def w_mlp(p: dict[str, Any]) -> dict[str, Any]:
-    missing = _missing("torch", "torch")
-    if missing:
-        return missing
-    import torch
-
-    s = PROFILES[p["profile"]]
-    width, batch, inputs = s["mlp_width"], s["mlp_batch"], 256
-    n = 2048
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        times.append(time.perf_counter() - t0)
-    sgemm = 2 * n**3 / median(times) / 1e9
-    model = torch.nn.Sequential(
-        torch.nn.Linear(inputs, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(batch, inputs), torch.randn(batch, 1)
-    loss_fn = torch.nn.MSELoss()
-
-    def step() -> None:
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
-    step_times = []
-    for _ in range(s["mlp_repeats"]):
-        t0 = time.perf_counter()
-        for _ in range(s["mlp_steps"]):
-            step()
-        step_times.append((time.perf_counter() - t0) / s["mlp_steps"])
-    weights = inputs * width + width * width + width
-    flops = 6 * batch * weights  # forward 2, backward 4 FLOPs per weight and sample
-    return {
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "mkl": torch.backends.mkl.is_available(),
-        "mkldnn": torch.backends.mkldnn.is_available(),
-        "batch": batch,
-        "width": width,
-        "step_s": step_times,
-        "samples_per_s": batch / median(step_times),
-        "gflops": flops / median(step_times) / 1e9,
-        "sgemm_gflops": sgemm,
-        "sgemm_n": n,
-    }
 
 
 _TRIAL_DATA: dict[int, Any] = {}
@@ -2318,7 +2260,6 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
 _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "gemm": {"gemm": w_gemm, "clock": w_clock},
     "gbdt": {"gbdt": w_gbdt},
-    "mlp": {"mlp": w_mlp},
     "hpo": {"hpo": w_hpo},
     "parquet": {"parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan},
     "inference": {"inference": w_inference},
