@@ -107,10 +107,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "quick": {"parquet_rows": 4_000_000, "parquet_repeats": 3},
         "full": {"parquet_rows": 40_000_000, "parquet_repeats": 5},
     },
-    "inference": {
-        "quick": {"infer_rows": 100_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 2000, "infer_repeats": 5},
-        "full": {"infer_rows": 1_000_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 20_000, "infer_repeats": 5},
-    },
     "serving": {
         "quick": {
             "serving_rows": 20_000,
@@ -1568,46 +1564,6 @@ def w_parquet_scan(p: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": secs, "decoded_bytes": table.nbytes, "threads": pa.cpu_count(), "in_memory_s": in_memory}
 
 
-def w_inference(p: dict[str, Any]) -> dict[str, Any]:
-    missing = _missing("xgboost", "gbdt")
-    if missing:
-        return missing
-    import numpy as np
-    import xgboost as xgb
-
-    s = PROFILES[p["profile"]]
-    tuned = p["mode"] == "tuned"
-    x, y = _data(s["infer_rows"], 28, seed=5)
-    params = {"tree_method": "hist", "max_depth": s["infer_depth"], "objective": "binary:logistic"}
-    booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=s["infer_trees"])
-    rows = x[:1000]
-    for i in range(50):
-        booster.inplace_predict(rows[i : i + 1])
-    p50, p99 = [], []
-    for _ in range(s["infer_repeats"]):
-        lat = []
-        for i in range(s["infer_calls"]):
-            row = rows[i % 1000 : i % 1000 + 1]
-            t0 = time.perf_counter()
-            booster.inplace_predict(row)
-            lat.append(time.perf_counter() - t0)
-        us = np.array(lat) * 1e6
-        p50.append(float(np.percentile(us, 50)))
-        p99.append(float(np.percentile(us, 99)))
-    return {
-        "library": f"xgboost {xgb.__version__} inplace_predict",
-        "trees": s["infer_trees"],
-        "depth": s["infer_depth"],
-        "calls": s["infer_calls"],
-        "repeats": s["infer_repeats"],
-        "threads": _env_default(tuned, "OMP_NUM_THREADS"),
-        "p50_us": median(p50),
-        "p99_us": median(p99),
-        "p50_us_each": p50,
-        "p99_us_each": p99,
-    }
-
-
 def _serve_module(path: str):
     """The model server's own code as a module: its registry, loader and predict path."""
     import importlib.util
@@ -2262,7 +2218,6 @@ _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]
     "gbdt": {"gbdt": w_gbdt},
     "hpo": {"hpo": w_hpo},
     "parquet": {"parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan},
-    "inference": {"inference": w_inference},
     "serving": {"serving_model": w_serving_model},
     "sklearn": {"sklearn": w_sklearn},
     "features": {"features": w_features},

@@ -1,16 +1,73 @@
 """Single-row predict latency in-process: p50 reported, p99 against what an endpoint can afford.
 
-Runs on the control node. Reads results.inference: p50_us, p99_us, p50_us_each, p99_us_each,
+Measured on the target (WORKERS, in the ML environment); judged on the control node, which
+reads results.inference: p50_us, p99_us, p50_us_each, p99_us_each,
 library, trees, depth, repeats, calls, threads.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..base import FAIL, INFO, PASS, WARN, Check, _problem, span
+from ..target.ml import _data, _env_default, _missing, median
 
 NAME = "inference"
+
+
+# ---------------------------------------------------------------- target, ML environment
+
+SIZES: dict[str, dict[str, Any]] = {
+    "quick": {"infer_rows": 100_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 2000, "infer_repeats": 5},
+    "full": {"infer_rows": 1_000_000, "infer_trees": 200, "infer_depth": 6, "infer_calls": 20_000, "infer_repeats": 5},
+}
+
+
+def w_inference(p: dict[str, Any]) -> dict[str, Any]:
+    missing = _missing("xgboost", "gbdt")
+    if missing:
+        return missing
+    import numpy as np
+    import xgboost as xgb
+
+    s = SIZES[p["profile"]]
+    tuned = p["mode"] == "tuned"
+    x, y = _data(s["infer_rows"], 28, seed=5)
+    params = {"tree_method": "hist", "max_depth": s["infer_depth"], "objective": "binary:logistic"}
+    booster = xgb.train(params, xgb.DMatrix(x, label=y), num_boost_round=s["infer_trees"])
+    rows = x[:1000]
+    for i in range(50):
+        booster.inplace_predict(rows[i : i + 1])
+    p50, p99 = [], []
+    for _ in range(s["infer_repeats"]):
+        lat = []
+        for i in range(s["infer_calls"]):
+            row = rows[i % 1000 : i % 1000 + 1]
+            t0 = time.perf_counter()
+            booster.inplace_predict(row)
+            lat.append(time.perf_counter() - t0)
+        us = np.array(lat) * 1e6
+        p50.append(float(np.percentile(us, 50)))
+        p99.append(float(np.percentile(us, 99)))
+    return {
+        "library": f"xgboost {xgb.__version__} inplace_predict",
+        "trees": s["infer_trees"],
+        "depth": s["infer_depth"],
+        "calls": s["infer_calls"],
+        "repeats": s["infer_repeats"],
+        "threads": _env_default(tuned, "OMP_NUM_THREADS"),
+        "p50_us": median(p50),
+        "p99_us": median(p99),
+        "p50_us_each": p50,
+        "p99_us_each": p99,
+    }
+
+
+WORKERS = {"inference": w_inference}
+
+
+# ---------------------------------------------------------------- control node
 
 # Single-row predict: p99 within 2 ms passes (endpoints answer in 1-20 ms), within 10 ms warns.
 LATENCY_P99_US = (2000.0, 10000.0)
