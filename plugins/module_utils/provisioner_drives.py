@@ -6,7 +6,9 @@ plan proposes from) and provisioner_storage (what it builds on).
 - by_id_links: /dev/disk/by-id links per kernel name, best first (the shared BY_ID_RANK);
 - list_disks: every whole block device under /sys/block with its serial and WWID;
 - resolve: an id as storage_devices accepts it (by-id link, serial:, wwn:, kernel name) -> kernel name;
-- parse_swaps: the block devices in use as swap.
+- parse_swaps: the block devices in use as swap;
+- probe: what a drive holds, from util-linux's wipefs (every signature) and blkid -p (the
+  first one, with its tags), through the pure parsers parse_wipefs_json and parse_blkid_export.
 
 Runs on the target inside the modules (standard library only, python3 3.8 and later); ``root``
 other than "/" reads a fake tree (tests).
@@ -15,17 +17,18 @@ other than "/" reads a fake tree (tests).
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 try:  # installed as the provisioner.ml collection
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import path_in, read_line
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import path_in, read_line, run
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
         norm_serial,
         norm_wwn,
         sort_by_id,
     )
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
-    from ansible.module_utils.provisioner_common import path_in, read_line
+    from ansible.module_utils.provisioner_common import path_in, read_line, run
     from ansible.module_utils.provisioner_drive_rules import norm_serial, norm_wwn, sort_by_id
 
 
@@ -123,3 +126,88 @@ def _one(spec, hits):
     if len(hits) > 1:
         return None, "{} matches several block devices ({})".format(spec, ", ".join(hits))
     return hits[0], None
+
+
+# --------------------------------------------------------------------------
+# what a drive holds: wipefs and blkid
+# --------------------------------------------------------------------------
+
+# The blkid -p tags kept (libblkid: btrfs LABEL/UUID/UUID_SUB, xfs LABEL/UUID, md UUID/UUID_SUB/
+# LABEL/VERSION, partition tables PTTYPE/PTUUID).
+BLKID_TAGS = ("TYPE", "UUID", "UUID_SUB", "LABEL", "VERSION", "PTTYPE", "PTUUID", "USAGE")
+
+
+def parse_wipefs_json(text):
+    """``wipefs --no-act --json`` -> [{"type", "label", "uuid", "offset"}] (every signature wipefs
+    finds, an md member's and the older filesystem under it alike), or None when it is not JSON.
+    No output at all (older wipefs on a blank drive) is no signature."""
+    if not (text or "").strip():
+        return []
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return [
+        {"type": sig.get("type"), "label": sig.get("label"), "uuid": sig.get("uuid"), "offset": sig.get("offset")}
+        for sig in data.get("signatures") or []
+    ]
+
+
+def parse_blkid_export(returncode, stdout, stderr):
+    """``blkid -p -o export`` -> {"tags": {KEY: value}, "ambiguous": bool, "error": None | reason}.
+
+    blkid exits 0 when it found something, 2 when nothing (or on an error, which it prints), 8 when
+    the result is ambivalent (several signatures: the drive holds something; wipefs lists them)."""
+    tags: dict = {}
+    for line in (stdout or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in BLKID_TAGS and value:
+            tags[key] = value
+    if returncode == 8:
+        return {"tags": tags, "ambiguous": True, "error": None}
+    if returncode == 2 and not (stderr or "").strip():
+        return {"tags": {}, "ambiguous": False, "error": None}
+    if returncode != 0:
+        return {"tags": {}, "ambiguous": False,
+                "error": "blkid -p failed: {}".format((stderr or "").strip() or f"exit {returncode:d}")}
+    return {"tags": tags, "ambiguous": False, "error": None}
+
+
+def blkid_entries(tags, ambiguous):
+    """The one signature blkid names, as a wipefs entry (no offset): [] when it names none."""
+    kind = tags.get("TYPE") or tags.get("PTTYPE") or ("ambiguous" if ambiguous else None)
+    if not kind:
+        return []
+    return [{"type": kind, "label": tags.get("LABEL"), "uuid": tags.get("UUID"), "offset": None}]
+
+
+def probe(path, offset=None, wipefs=True, tags=True):
+    """What one drive (or the data at ``offset`` bytes on it) holds.
+
+    -> {"entries": [{"type", "label", "uuid", "offset"}] or None, "tags": blkid's, "ambiguous",
+    "error": why it could not be probed, or None}. ``entries`` are wipefs's when it ran (not with an
+    offset), else the one blkid names; ``error`` is set only when neither gave an answer. With
+    ``tags`` False blkid runs only when wipefs gave no answer."""
+    result: dict = {"entries": None, "tags": {}, "ambiguous": False, "error": None}
+    if wipefs and offset is None:
+        proc = run(["wipefs", "--no-act", "--json", path])
+        if proc is not None and proc.returncode == 0:
+            result["entries"] = parse_wipefs_json(proc.stdout)
+    if result["entries"] is not None and not tags:
+        return result
+    argv = ["blkid", "-p"] + (["-O", str(offset)] if offset is not None else []) + ["-o", "export", path]
+    proc = run(argv)
+    found: dict
+    if proc is None:
+        found = {"tags": {}, "ambiguous": False, "error": "neither wipefs nor blkid is installed (util-linux)"}
+        if not wipefs or offset is not None:
+            found["error"] = "blkid is not installed (util-linux)"
+    else:
+        found = parse_blkid_export(proc.returncode, proc.stdout, proc.stderr)
+    result["tags"], result["ambiguous"] = found["tags"], found["ambiguous"]
+    if result["entries"] is None:
+        result["error"] = found["error"]
+        result["entries"] = None if found["error"] else blkid_entries(found["tags"], found["ambiguous"])
+    return result

@@ -117,12 +117,12 @@ try:  # installed as the provisioner.ml collection
     )
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import sort_by_id
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drives import by_id_links, parse_swaps
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drives import by_id_links, parse_swaps, probe
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
     from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, read_text, run, to_int
     from ansible.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
     from ansible.module_utils.provisioner_drive_rules import sort_by_id
-    from ansible.module_utils.provisioner_drives import by_id_links, parse_swaps
+    from ansible.module_utils.provisioner_drives import by_id_links, parse_swaps, probe
 
 SCHEMA = 1
 ISA_FLAGS = {
@@ -751,27 +751,23 @@ def root_disks_from(root, mounts):
 
 
 def probe_device(device_path):
-    """``blkid -p`` on one device -> (signature names, "ok" | "failed", UUID or None).
+    """``blkid -p`` on one device (provisioner_drives.probe) -> (signature names, "ok" | "failed",
+    UUID or None).
 
     blkid exits 0 when it found something, 2 when nothing (or on an error, which it prints),
     8 when signatures are ambiguous (several found: the drive holds something).  The UUID is the
     filesystem's (for a btrfs member, the filesystem all its members share) or the array's.
     """
-    proc = run(["blkid", "-p", "-o", "export", device_path])
-    if proc is None:
+    found = probe(device_path, wipefs=False)
+    if found["error"]:
         return [], "failed", None
-    if proc.returncode == 8:
+    if found["ambiguous"]:
         return ["ambiguous"], "ok", None
-    if proc.returncode not in (0, 2) or (proc.returncode == 2 and proc.stderr.strip()):
-        return [], "failed", None
-    found, uuid = [], None
-    for line in proc.stdout.splitlines():
-        key, _, value = line.partition("=")
-        if key in ("TYPE", "PTTYPE") and value and value not in found:
-            found.append(value)
-        elif key == "UUID" and value:
-            uuid = value
-    return found, "ok", uuid
+    names = []
+    for key, value in found["tags"].items():
+        if key in ("TYPE", "PTTYPE") and value not in names:
+            names.append(value)
+    return names, "ok", found["tags"].get("UUID")
 
 
 def probe_signatures(device_path):

@@ -122,7 +122,6 @@ try:  # installed as the provisioner.ml collection
         parse_mountinfo,
         path_in,
         read_line,
-        run,
         to_int,
         unescape_octal,
     )
@@ -143,10 +142,11 @@ try:  # installed as the provisioner.ml collection
         is_absent,
         list_disks,
         parse_swaps,
+        probe,
         resolve,
     )
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
-    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, run, to_int, unescape_octal
+    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, to_int, unescape_octal
     from ansible.module_utils.provisioner_constants import (
         MD_CHUNK_KB,
         MIN_DRIVES,
@@ -155,7 +155,7 @@ except ImportError:  # run from the repository: ansible.cfg and the CLI put plug
         SYSTEM_MOUNTPOINTS,
     )
     from ansible.module_utils.provisioner_drive_rules import describe_contents, findings, has_contents
-    from ansible.module_utils.provisioner_drives import by_id_links, is_absent, list_disks, parse_swaps, resolve
+    from ansible.module_utils.provisioner_drives import by_id_links, is_absent, list_disks, parse_swaps, probe, resolve
 
 MD_LEVEL_NUMBER = {"raid0": 0, "raid1": 1, "raid10": 10}
 MD_LEVEL_NAME = {0: "raid0", 1: "raid1", 10: "raid10", 4: "raid4", 5: "raid5", 6: "raid6", -1: "linear"}
@@ -414,36 +414,12 @@ def parse_xfs_super(buf):
 
 
 def signatures_of(path):
-    """Every signature on a device: wipefs -n -J (all of them), blkid -p as the fall-back.
-    Returns (list of {"type", "label", "uuid", "offset"}, None) or (None, reason)."""
-    proc = run(["wipefs", "--no-act", "--json", path])
-    if proc is not None and proc.returncode == 0:
-        try:
-            data = json.loads(proc.stdout or "{}") if (proc.stdout or "").strip() else {}
-        except ValueError:
-            data = None
-        if data is not None:
-            found = []
-            for sig in data.get("signatures") or []:
-                found.append({
-                    "type": sig.get("type"),
-                    "label": sig.get("label"),
-                    "uuid": sig.get("uuid"),
-                    "offset": sig.get("offset"),
-                })
-            return found, None
-    proc = run(["blkid", "-p", "-o", "export", path])
-    if proc is None:
-        return None, "neither wipefs nor blkid is installed (util-linux)"
-    if proc.returncode == 2 and not proc.stderr.strip():
-        return [], None
-    if proc.returncode not in (0, 8):
-        return None, "blkid -p failed: {}".format(proc.stderr.strip() or f"exit {proc.returncode:d}")
-    values = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-    kind = values.get("TYPE") or values.get("PTTYPE") or ("ambiguous" if proc.returncode == 8 else None)
-    if not kind:
-        return [], None
-    return [{"type": kind, "label": values.get("LABEL"), "uuid": values.get("UUID"), "offset": None}], None
+    """Every signature on a device: wipefs -n -J (all of them), blkid -p as the fall-back
+    (provisioner_drives.probe). Returns (list of {"type", "label", "uuid", "offset"}, None) or (None, reason)."""
+    found = probe(path, tags=False)
+    if found["error"]:
+        return None, found["error"]
+    return found["entries"], None
 
 
 def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):

@@ -23,6 +23,7 @@ ANSIBLE_PLAYBOOK = VENV_BIN / "ansible-playbook"
 
 
 pf = plugin_code.load("modules", "provisioner_facts")
+DRIVES = sys.modules[pf.probe.__module__]  # provisioner_drives: the probes run its commands
 
 
 # --------------------------------------------------------------------------
@@ -601,12 +602,12 @@ def test_probe_signatures(monkeypatch, returncode, stdout, stderr, expected):
         assert argv[:2] == ["blkid", "-p"]
         return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
 
-    monkeypatch.setattr(pf, "run", fake_run)
+    monkeypatch.setattr(DRIVES, "run", fake_run)
     assert pf.probe_signatures("/dev/x") == expected
 
 
 def test_probe_signatures_without_blkid(monkeypatch):
-    monkeypatch.setattr(pf, "run", lambda argv, timeout=30: None)
+    monkeypatch.setattr(DRIVES, "run", lambda argv, timeout=30: None)
     assert pf.probe_signatures("/dev/x") == ([], "failed")
 
 
