@@ -153,10 +153,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "quick": {"loader_rows": 80_000, "loader_shards": 8, "loader_batch": 512, "loader_epochs": 1, "loader_width": 256},
         "full": {"loader_rows": 4_000_000, "loader_shards": 32, "loader_batch": 1024, "loader_epochs": 2, "loader_width": 512},
     },
-    "tensorflow": {
-        "quick": {"tf_batch": 1024, "tf_width": 512, "tf_steps": 10},
-        "full": {"tf_batch": 4096, "tf_width": 2048, "tf_steps": 20},
-    },
     "cluster": {"quick": {}, "full": {}},
 }
 
@@ -2145,73 +2141,6 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
-    """TensorFlow: a small Keras network's training step against TensorFlow's own SGEMM rate in the
-    same process, with oneDNN in use as TensorFlow reports it."""
-    missing = _missing("tensorflow", "tensorflow")
-    if missing:
-        return missing
-    tuned = p["mode"] == "tuned"
-    # Tuned: TensorFlow reads TF_NUM_INTRAOP_THREADS, TF_NUM_INTEROP_THREADS and TF_ENABLE_ONEDNN_OPTS
-    # from the login shell's environment itself, as in a user's script: nothing is set here.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    import tensorflow as tf
-
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-
-        onednn = bool(_pywrap_util_port.IsMklEnabled())
-        onednn_how = "TensorFlow's IsMklEnabled() (oneDNN operations on)"
-    except (ImportError, AttributeError) as exc:
-        onednn, onednn_how = None, f"TensorFlow does not say ({exc})"
-    s = PROFILES[p["profile"]]
-    n = 2048
-    a, b = tf.random.normal((n, n)), tf.random.normal((n, n))
-    mm = tf.function(lambda u, v: tf.matmul(u, v))
-    mm(a, b).numpy()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        mm(a, b).numpy()
-        times.append(time.perf_counter() - t0)
-    sgemm = 2 * n**3 / median(times) / 1e9
-    inputs, width, batch = 256, s["tf_width"], s["tf_batch"]
-    model = tf.keras.Sequential(
-        [
-            tf.keras.Input((inputs,)),
-            tf.keras.layers.Dense(width, activation="relu"),
-            tf.keras.layers.Dense(width, activation="relu"),
-            tf.keras.layers.Dense(1),
-        ]
-    )
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
-    x, y = tf.random.normal((batch, inputs)), tf.random.normal((batch, 1))
-    for _ in range(3):
-        model.train_on_batch(x, y)
-    step_times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(s["tf_steps"]):
-            model.train_on_batch(x, y)
-        step_times.append((time.perf_counter() - t0) / s["tf_steps"])
-    weights = inputs * width + width * width + width
-    return {
-        "tensorflow": tf.__version__,
-        "onednn": onednn,
-        "onednn_how": onednn_how,
-        "intra_op_threads": _env_int("TF_NUM_INTRAOP_THREADS") if tuned else "library default",
-        "inter_op_threads": _env_int("TF_NUM_INTEROP_THREADS") if tuned else "library default",
-        "threads_how": _env_default(tuned, "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"),
-        "batch": batch,
-        "width": width,
-        "step_s": step_times,
-        "samples_per_s": batch / median(step_times),
-        "gflops": 6 * batch * weights / median(step_times) / 1e9,
-        "sgemm_gflops": sgemm,
-        "sgemm_n": n,
-    }
-
-
 # The measuring functions each task names, until the workload's module holds them (its WORKERS).
 _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "gemm": {"gemm": w_gemm, "clock": w_clock},
@@ -2223,7 +2152,6 @@ _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]
     "features": {"features": w_features},
     "matrix": {"matrix": w_matrix},
     "dataloader": {"dataloader": w_dataloader},
-    "tensorflow": {"tensorflow": w_tensorflow},
     "cluster": {"cluster": w_cluster},
 }
 WORKERS = {task: fn for w in WORKLOADS for task, fn in (getattr(w, "WORKERS", None) or _LEGACY_WORKERS[w.NAME]).items()}
