@@ -256,12 +256,6 @@ def test_polars_one_thread_run_is_a_process_of_its_own(script):
     assert out["polars"]["threads"] == 2 and out["polars_one"]["threads"] == 1
 
 
-@pytest.mark.parametrize(("threads", "rows"), [(1, 250_000), (2, 250_000), (4, 500_000), (8, 1_000_000), (64, 1_000_000)])
-def test_quick_gbdt_gives_each_thread_the_same_rows_within_bounds(script, threads, rows):
-    assert script.gbdt_rows("quick", threads) == rows
-    assert script.gbdt_rows("full", threads) == script.PROFILES["full"]["gbdt_rows"]
-
-
 # ---------------------------------------------------------------- what a user's code gets
 
 

@@ -80,25 +80,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "quick": {"gemm_n": 2048, "gemm_repeats": 3},
         "full": {"gemm_n": 4096, "gemm_repeats": 5},
     },
-    "gbdt": {
-        # gbdt_rows: at most; gbdt_rows() gives each thread 125,000 of them.
-        "quick": {
-            "gbdt_rows": 1_000_000,
-            "gbdt_cols": 28,
-            "gbdt_depth": 8,
-            "gbdt_trees": 100,
-            "gbdt_trees_one": 20,
-            "gbdt_repeats": 1,
-        },
-        "full": {
-            "gbdt_rows": 10_000_000,
-            "gbdt_cols": 28,
-            "gbdt_depth": 10,
-            "gbdt_trees": 100,
-            "gbdt_trees_one": 100,
-            "gbdt_repeats": 3,
-        },
-    },
     "hpo": {
         "quick": {"hpo_rows": 100_000, "hpo_trees": 40, "hpo_trials_per_worker": 2},
         "full": {"hpo_rows": 1_000_000, "hpo_trees": 100, "hpo_trials_per_worker": 4},
@@ -1033,103 +1014,6 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
                 "times_s": times,
                 "threads": threads if threads else (_blas_threads() if tuned else "library default"),
             }
-    return out
-
-
-def _train(lib: str, x, y, trees: int, depth: int, threads: int | None) -> tuple[float, float]:
-    """Train `trees` hist trees of `depth` with `threads` (None: library default).
-
-    Returns (seconds in total, seconds per tree after the first): the first tree carries
-    one-off setup (histogram buffers, row partitions), which would flatter a longer run.
-    """
-    marks: list[float] = []
-    if lib == "xgboost":
-        import xgboost as xgb
-
-        class Mark(xgb.callback.TrainingCallback):
-            def after_iteration(self, model, epoch, evals_log) -> bool:
-                marks.append(time.perf_counter())
-                return False
-
-        params = {"tree_method": "hist", "max_depth": depth, "objective": "binary:logistic", "max_bin": 256}
-        if threads:
-            params["nthread"] = threads
-        # quantile cuts computed here, outside the timing, as LightGBM's and CatBoost's binning is
-        d = xgb.QuantileDMatrix(x, label=y, max_bin=256, **({"nthread": threads} if threads else {}))
-        t0 = time.perf_counter()
-        xgb.train(params, d, num_boost_round=trees, callbacks=[Mark()])
-    elif lib == "lightgbm":
-        import lightgbm as lgb
-
-        params = {
-            "objective": "binary",
-            "num_leaves": 2**depth - 1,
-            "max_depth": depth,
-            "verbose": -1,
-            "max_bin": 255,
-            "force_col_wise": True,
-        }
-        if threads:
-            params["num_threads"] = threads
-        ds = lgb.Dataset(x, label=y, params={"verbose": -1, "max_bin": 255})
-        ds.construct()
-        t0 = time.perf_counter()
-        lgb.train(params, ds, num_boost_round=trees, callbacks=[lambda env: marks.append(time.perf_counter())])
-    else:
-        import catboost as cb
-
-        class CbMark:
-            def after_iteration(self, info) -> bool:
-                marks.append(time.perf_counter())
-                return True
-
-        pool = cb.Pool(x, label=y)
-        pool.quantize(border_count=254)
-        model = cb.CatBoostClassifier(
-            iterations=trees,
-            depth=depth,
-            verbose=False,
-            allow_writing_files=False,
-            **({"thread_count": threads} if threads else {}),
-        )
-        t0 = time.perf_counter()
-        model.fit(pool, callbacks=[CbMark()])
-    total = time.perf_counter() - t0
-    per_tree = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else total / trees
-    return total, per_tree
-
-
-def gbdt_rows(profile: str, threads: int) -> int:
-    """The training rows: quick gives each thread the same share (125,000 rows), from 250,000
-    to the profile's 1,000,000, so the fits take seconds on 2 cores as on 32; full is fixed."""
-    s = PROFILES[profile]
-    if profile != "quick":
-        return s["gbdt_rows"]
-    return max(250_000, min(s["gbdt_rows"], 125_000 * max(1, threads)))
-
-
-def w_gbdt(p: dict[str, Any]) -> dict[str, Any]:
-    s = PROFILES[p["profile"]]
-    tuned = p["mode"] == "tuned"
-    rows = gbdt_rows(p["profile"], int(p["threads"] or 1))
-    x, y = _data(rows, s["gbdt_cols"])
-    out: dict[str, Any] = {"rows": rows, "cols": s["gbdt_cols"], "depth": s["gbdt_depth"]}
-    for lib in ("xgboost", "lightgbm", "catboost"):
-        missing = _missing(lib, "gbdt")
-        if missing:
-            out[lib] = missing
-            continue
-        res: dict[str, Any] = {"version": __import__(lib).__version__}
-        for label, threads, trees in (("all", None, s["gbdt_trees"]), ("one", 1, s["gbdt_trees_one"])):
-            runs = [_train(lib, x, y, trees, s["gbdt_depth"], threads) for _ in range(s["gbdt_repeats"])]
-            res[label] = {
-                "trees": trees,
-                "threads": threads or _env_default(tuned, "OMP_NUM_THREADS"),
-                "times_s": [r[0] for r in runs],
-                "row_trees_per_s": rows / median([r[1] for r in runs]),
-                "row_trees_per_s_with_setup": rows * trees / median([r[0] for r in runs]),
-            }
-        out[lib] = res
     return out
 
 
@@ -2144,7 +2028,6 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
 # The measuring functions each task names, until the workload's module holds them (its WORKERS).
 _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "gemm": {"gemm": w_gemm, "clock": w_clock},
-    "gbdt": {"gbdt": w_gbdt},
     "hpo": {"hpo": w_hpo},
     "parquet": {"parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan},
     "serving": {"serving_model": w_serving_model},
