@@ -8,7 +8,10 @@ plan proposes from) and provisioner_storage (what it builds on).
 - resolve: an id as storage_devices accepts it (by-id link, serial:, wwn:, kernel name) -> kernel name;
 - parse_swaps: the block devices in use as swap;
 - probe: what a drive holds, from util-linux's wipefs (every signature) and blkid -p (the
-  first one, with its tags), through the pure parsers parse_wipefs_json and parse_blkid_export.
+  first one, with its tags), through the pure parsers parse_wipefs_json and parse_blkid_export;
+- inspect_device, md_arrays, named_array, md_driver, mountpoint_state, replaced_filesystems: one
+  drive as the storage module decides on it (with the superblocks of provisioner_superblocks), the
+  running md arrays, the md driver, the mount point, the XFS filesystems on drives to be wiped.
 
 Runs on the target inside the modules (standard library only, python3 3.8 and later); ``root``
 other than "/" reads a fake tree (tests).
@@ -16,20 +19,39 @@ other than "/" reads a fake tree (tests).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
+import re
+import struct
 
 try:  # installed as the provisioner.ml collection
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import path_in, read_line, run
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import path_in, read_line, run, to_int
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
         norm_serial,
         norm_wwn,
         sort_by_id,
     )
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_superblocks import (
+        BTRFS_SUPER_OFFSET,
+        MD_SUPER_1_2_OFFSET,
+        parse_btrfs_super,
+        parse_md_super,
+        parse_xfs_super,
+        read_at,
+    )
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
-    from ansible.module_utils.provisioner_common import path_in, read_line, run
+    from ansible.module_utils.provisioner_common import path_in, read_line, run, to_int
     from ansible.module_utils.provisioner_drive_rules import norm_serial, norm_wwn, sort_by_id
+    from ansible.module_utils.provisioner_superblocks import (
+        BTRFS_SUPER_OFFSET,
+        MD_SUPER_1_2_OFFSET,
+        parse_btrfs_super,
+        parse_md_super,
+        parse_xfs_super,
+        read_at,
+    )
 
 
 def parse_swaps(text):
@@ -211,3 +233,160 @@ def probe(path, offset=None, wipefs=True, tags=True):
         result["error"] = found["error"]
         result["entries"] = None if found["error"] else blkid_entries(found["tags"], found["ambiguous"])
     return result
+
+
+# --------------------------------------------------------------------------
+# one drive as the storage module sees it, the md arrays
+# --------------------------------------------------------------------------
+
+
+def signatures_of(path):
+    """Every signature on a device: wipefs -n -J (all of them), blkid -p as the fall-back
+    (provisioner_drives.probe). Returns (list of {"type", "label", "uuid", "offset"}, None) or (None, reason)."""
+    found = probe(path, tags=False)
+    if found["error"]:
+        return None, found["error"]
+    return found["entries"], None
+
+
+def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
+    """What is on one whole block device."""
+    base = "/sys/block/" + kname
+    path = "/dev/" + kname
+    partitions = sorted(
+        os.path.basename(os.path.dirname(p)) for p in glob.glob(path_in(root, base + "/*/partition"))
+    )
+    holders = sorted(os.path.basename(p) for p in glob.glob(path_in(root, base + "/holders/*")))
+    for part in partitions:
+        holders += [os.path.basename(p) for p in glob.glob(path_in(root, f"{base}/{part}/holders/*"))]
+    majmins = {read_line(root, base + "/dev")}
+    majmins |= {read_line(root, f"{base}/{part}/dev") for part in partitions}
+    mountpoints = [m["mountpoint"] for m in mounts if m["majmin"] in majmins]
+    names = ["/dev/" + n for n in [kname, *partitions]]
+    if any(s in names for s in swaps):
+        mountpoints.append("[SWAP]")
+    sched_text = read_line(root, base + "/queue/scheduler") or ""
+    match = re.search(r"\[([^\]]+)\]", sched_text)
+    device = {
+        "kname": kname,
+        "path": path,
+        "size_bytes": (to_int(read_line(root, base + "/size"), 0) or 0) * 512,
+        "read_only": read_line(root, base + "/ro") == "1",
+        "serial": read_line(root, base + "/device/serial") or read_line(root, base + "/serial"),
+        "wwid": read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid"),
+        "model": read_line(root, base + "/device/model"),
+        "nvme": kname.startswith("nvme"),
+        "loop": kname.startswith("loop"),
+        "backing_file": read_line(root, base + "/loop/backing_file"),
+        "rotational": read_line(root, base + "/queue/rotational") == "1",
+        "scheduler": match.group(1) if match else (sched_text or None),
+        "read_ahead_kb": to_int(read_line(root, base + "/queue/read_ahead_kb")),
+        "partitions": partitions,
+        "holders": sorted(set(holders)),
+        "mountpoints": mountpoints,
+        "signatures": [],
+        "probe_error": None,
+        "btrfs": None,
+        "md": None,
+        "xfs": None,
+    }
+    if not probe:
+        return device
+    sigs, error = signatures_of(path)
+    device["signatures"] = sigs or []
+    device["probe_error"] = error
+    for name, offset, parser in (
+        ("btrfs", BTRFS_SUPER_OFFSET, parse_btrfs_super),
+        ("md", MD_SUPER_1_2_OFFSET, parse_md_super),
+        ("xfs", 0, parse_xfs_super),
+    ):
+        try:
+            device[name] = parser(read_at(path, offset, 4096))
+        except (OSError, struct.error, ValueError) as exc:
+            if device["probe_error"] is None and not isinstance(exc, struct.error):
+                device["probe_error"] = f"cannot read {path}: {exc}"
+    return device
+
+
+def md_arrays(root="/"):
+    """Running md arrays from sysfs -> {mdX: {level, raid_disks, chunk_kb, slaves, state}}."""
+    arrays = {}
+    for entry in sorted(glob.glob(path_in(root, "/sys/block/md*/md"))):
+        name = os.path.basename(os.path.dirname(entry))
+        base = f"/sys/block/{name}/md"
+        arrays[name] = {
+            "device": "/dev/" + name,
+            "level": read_line(root, base + "/level"),
+            "raid_disks": to_int(read_line(root, base + "/raid_disks")),
+            "chunk_kb": (to_int(read_line(root, base + "/chunk_size"), 0) or 0) // 1024,
+            "state": read_line(root, base + "/array_state"),
+            "slaves": sorted(os.path.basename(p) for p in glob.glob(path_in(root, f"/sys/block/{name}/slaves/*"))),
+            "majmin": read_line(root, f"/sys/block/{name}/dev"),
+            "degraded": to_int(read_line(root, base + "/degraded"), 0) or 0,
+            "sync_action": read_line(root, base + "/sync_action"),
+        }
+    return arrays
+
+
+def named_array(root, name, arrays):
+    """The running array that /dev/md/NAME points to (its kernel name, e.g. md127), or None."""
+    link = path_in(root, f"/dev/md/{name}")
+    if not os.path.lexists(link):
+        return None
+    try:
+        target = os.path.realpath(link) if root == "/" else os.path.join(os.path.dirname(link), os.readlink(link))
+    except OSError:
+        return None
+    kname = os.path.basename(os.path.normpath(target))
+    return kname if kname in arrays else None
+
+
+def md_driver(root="/"):
+    """("loaded" | "module" | "absent", reason)."""
+    if os.path.exists(path_in(root, "/proc/mdstat")):
+        return "loaded", "md driver loaded (/proc/mdstat present)"
+    release = os.uname()[2] if root == "/" else (read_line(root, "/proc/sys/kernel/osrelease") or "")
+    moddir = f"/lib/modules/{release}"
+    for listing in ("modules.builtin", "modules.dep"):
+        text = ""
+        try:
+            with open(path_in(root, moddir + "/" + listing)) as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        if re.search(r"(^|/)md-mod\.ko", text, re.MULTILINE):
+            return "module", "md driver available as module md_mod (loaded before creating the array)"
+    return "absent", "no md driver in this kernel (/proc/mdstat absent)"
+
+
+def mountpoint_state(path, mounts, root="/"):
+    state = {"mounted": False, "entries": 0, "not_a_directory": False,
+             "exists": os.path.isdir(path_in(root, path))}
+    for mount in mounts:
+        if mount["mountpoint"] == path:
+            state.update(mounted=True, mounted_source=mount["source"], mounted_fstype=mount["fstype"])
+    full = path_in(root, path)
+    if os.path.lexists(full) and not os.path.isdir(full):
+        state["not_a_directory"] = True
+    elif os.path.isdir(full) and not state["mounted"]:
+        with contextlib.suppress(OSError):
+            state["entries"] = len([n for n in os.listdir(full) if n != "lost+found"])
+    return state
+
+
+def replaced_filesystems(wiped):
+    """UUIDs of the XFS filesystems on drives about to be wiped: on the drive itself, or inside the md
+    array it was a member of (at the member's data offset)."""
+    found = set()
+    for m in wiped:
+        if m.get("xfs"):
+            found.add(m["xfs"]["uuid"])
+        md = m.get("md")
+        if md and md.get("data_offset"):
+            try:
+                xfs = parse_xfs_super(read_at(m["path"], md["data_offset"], 4096))
+            except OSError:
+                xfs = None
+            if xfs:
+                found.add(xfs["uuid"])
+    return sorted(found)

@@ -101,11 +101,6 @@ storage:
   type: dict
 """
 
-import contextlib
-import errno
-import glob
-import json
-import mmap
 import os
 import re
 import socket
@@ -117,12 +112,11 @@ try:
 except ImportError:  # imported by the tests without ansible on the path
     AnsibleModule = None
 
+# Shared code (plugins/module_utils): provisioner_drives, _drive_rules, _drive_arrays, _superblocks.
 try:  # installed as the provisioner.ml collection
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
         parse_mountinfo,
         path_in,
-        read_line,
-        to_int,
         unescape_octal,
     )
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import (
@@ -132,6 +126,16 @@ try:  # installed as the provisioner.ml collection
         STORAGE_LEVELS,
         SYSTEM_MOUNTPOINTS,
     )
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_arrays import (
+        WIPE_HINT,
+        degraded_context,
+        match_btrfs,
+        match_degraded,
+        match_md,
+        member_text,
+        planned_uuid,
+        profile_for,
+    )
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
         describe_contents,
         findings,
@@ -139,14 +143,28 @@ try:  # installed as the provisioner.ml collection
     )
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drives import (
         by_id_links,
+        inspect_device,
         is_absent,
         list_disks,
+        md_arrays,
+        md_driver,
+        mountpoint_state,
+        named_array,
         parse_swaps,
-        probe,
+        replaced_filesystems,
         resolve,
+        signatures_of,
+    )
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_superblocks import (
+        BTRFS_SUPER_OFFSET,
+        btrfs_profiles,
+        md_uuid_text,
+        parse_btrfs_super,
+        parse_xfs_super,
+        read_at,
     )
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
-    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, to_int, unescape_octal
+    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, unescape_octal
     from ansible.module_utils.provisioner_constants import (
         MD_CHUNK_KB,
         MIN_DRIVES,
@@ -154,558 +172,46 @@ except ImportError:  # run from the repository: ansible.cfg and the CLI put plug
         STORAGE_LEVELS,
         SYSTEM_MOUNTPOINTS,
     )
-    from ansible.module_utils.provisioner_drive_rules import describe_contents, findings, has_contents
-    from ansible.module_utils.provisioner_drives import by_id_links, is_absent, list_disks, parse_swaps, probe, resolve
-
-MD_LEVEL_NUMBER = {"raid0": 0, "raid1": 1, "raid10": 10}
-MD_LEVEL_NAME = {0: "raid0", 1: "raid1", 10: "raid10", 4: "raid4", 5: "raid5", 6: "raid6", -1: "linear"}
-UUID_NAMESPACE = uuid.UUID("6f1d3b52-57c1-4c8e-9a53-7a4f0c2d8e11")
-WIPE_HINT = "add it to storage_wipe_devices to allow wiping it"
-
-# btrfs on-disk constants
-BTRFS_SUPER_OFFSET = 0x10000
-BTRFS_MAGIC = b"_BHRfS_M"
-BTRFS_CHUNK_ITEM_KEY = 228
-BTRFS_HEADER_SIZE = 101
-BTRFS_BG_FLAGS = (
-    ("data", 1 << 0),
-    ("system", 1 << 1),
-    ("metadata", 1 << 2),
-)
-BTRFS_PROFILE_FLAGS = (
-    ("raid0", 1 << 3),
-    ("raid1", 1 << 4),
-    ("dup", 1 << 5),
-    ("raid10", 1 << 6),
-    ("raid5", 1 << 7),
-    ("raid6", 1 << 8),
-    ("raid1c3", 1 << 9),
-    ("raid1c4", 1 << 10),
-)
-MD_MAGIC = 0xA92B4EFC
-MD_SUPER_1_2_OFFSET = 4096
-
-
-# --------------------------------------------------------------------------
-# small helpers
-# --------------------------------------------------------------------------
-
-
-def read_at(path, offset, length):
-    """``length`` bytes at ``offset`` of a block device, bypassing the page cache where possible
-    (a mounted filesystem writes its metadata around the block device's cache)."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL or not flags & getattr(os, "O_DIRECT", 0):
-            raise
-        fd, flags = os.open(path, os.O_RDONLY), os.O_RDONLY
-    try:
-        if flags & getattr(os, "O_DIRECT", 0) and offset % 4096 == 0 and length % 4096 == 0:
-            buf = mmap.mmap(-1, length)  # page aligned, as O_DIRECT wants
-            try:
-                count = os.preadv(fd, [buf], offset)
-                return bytes(buf[:count])
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-            finally:
-                buf.close()
-            os.close(fd)
-            fd = os.open(path, os.O_RDONLY)
-        return os.pread(fd, length, offset)
-    finally:
-        os.close(fd)
-
-
-def format_uuid(raw):
-    return str(uuid.UUID(bytes=bytes(raw)))
-
-
-def md_uuid_text(raw):
-    """mdadm's notation of an array UUID: four groups of 8 hex digits joined by colons."""
-    hexed = bytes(raw).hex()
-    return ":".join(hexed[i:i + 8] for i in range(0, 32, 8))
-
-
-# --------------------------------------------------------------------------
-# superblocks
-# --------------------------------------------------------------------------
-
-
-def parse_btrfs_super(buf):
-    """The btrfs superblock (4 KiB read at 64 KiB) -> dict, or None without the magic."""
-    if len(buf) < 0x32B + 2048 or buf[0x40:0x48] != BTRFS_MAGIC:
-        return None
-    devid = struct.unpack_from("<Q", buf, 0xC9)[0]
-    sys_size = struct.unpack_from("<I", buf, 0xA0)[0]
-    label = buf[0x12B:0x12B + 256].split(b"\0", 1)[0].decode("utf-8", "replace")
-    return {
-        "fsid": format_uuid(buf[0x20:0x30]),
-        "generation": struct.unpack_from("<Q", buf, 0x48)[0],
-        "chunk_root": struct.unpack_from("<Q", buf, 0x58)[0],
-        "total_bytes": struct.unpack_from("<Q", buf, 0x70)[0],
-        "num_devices": struct.unpack_from("<Q", buf, 0x88)[0],
-        "sectorsize": struct.unpack_from("<I", buf, 0x90)[0],
-        "nodesize": struct.unpack_from("<I", buf, 0x94)[0],
-        "chunk_root_level": buf[0xC7],
-        "devid": devid,
-        "dev_uuid": format_uuid(buf[0xC9 + 66:0xC9 + 82]),
-        "label": label,
-        "sys_chunks": parse_chunk_array(buf[0x32B:0x32B + min(sys_size, 2048)]),
-    }
-
-
-def _chunk_item(buf, offset):
-    """A btrfs chunk item at ``offset`` -> (dict, size in bytes)."""
-    length, _owner, stripe_len, flags = struct.unpack_from("<QQQQ", buf, offset)
-    num_stripes, sub_stripes = struct.unpack_from("<HH", buf, offset + 44)
-    stripes = []
-    for index in range(num_stripes):
-        devid, physical = struct.unpack_from("<QQ", buf, offset + 48 + 32 * index)
-        stripes.append({"devid": devid, "offset": physical})
-    chunk = {
-        "length": length,
-        "stripe_len": stripe_len,
-        "flags": flags,
-        "sub_stripes": sub_stripes or 1,
-        "stripes": stripes,
-    }
-    return chunk, 48 + 32 * num_stripes
-
-
-def parse_chunk_array(buf):
-    """The superblock's sys_chunk_array: (key, chunk item) pairs for the SYSTEM chunks."""
-    chunks, offset = [], 0
-    while offset + 17 + 48 <= len(buf):
-        _objectid, key_type, logical = struct.unpack_from("<QBQ", buf, offset)
-        if key_type != BTRFS_CHUNK_ITEM_KEY:
-            break
-        chunk, size = _chunk_item(buf, offset + 17)
-        chunk["logical"] = logical
-        chunks.append(chunk)
-        offset += 17 + size
-    return chunks
-
-
-def chunk_profile(flags):
-    """Block group flags -> (kinds, profile), e.g. (["data"], "raid0")."""
-    kinds = [name for name, bit in BTRFS_BG_FLAGS if flags & bit]
-    profile = "single"
-    for name, bit in BTRFS_PROFILE_FLAGS:
-        if flags & bit:
-            profile = name
-    return kinds, profile
-
-
-def map_logical(chunks, logical):
-    """Logical address -> [(devid, physical)] candidates (every copy for mirrored profiles)."""
-    for chunk in chunks:
-        start = chunk["logical"]
-        if not start <= logical < start + chunk["length"]:
-            continue
-        offset = logical - start
-        stripes, stripe_len = chunk["stripes"], chunk["stripe_len"] or 65536
-        _kinds, profile = chunk_profile(chunk["flags"])
-        if profile in ("raid0", "raid10"):
-            sub = chunk["sub_stripes"] if profile == "raid10" else 1
-            factor = max(1, len(stripes) // sub)
-            stripe_nr, within = divmod(offset, stripe_len)
-            row, column = divmod(stripe_nr, factor)
-            physical = row * stripe_len + within
-            return [(s["devid"], s["offset"] + physical) for s in stripes[column * sub:(column + 1) * sub]]
-        if profile in ("raid5", "raid6"):
-            return []
-        return [(s["devid"], s["offset"] + offset) for s in stripes]
-    return []
-
-
-def btrfs_profiles(devices_by_devid, sb, reader=read_at):
-    """Walk the chunk tree (read-only, from the devices) -> {"data": [...], "metadata": [...],
-    "system": [...]} profiles in use, or None when the tree cannot be read."""
-    sys_chunks = sb["sys_chunks"]
-    nodesize = sb["nodesize"] or 16384
-    found: dict[str, set] = {"data": set(), "metadata": set(), "system": set()}
-    for chunk in sys_chunks:
-        kinds, profile = chunk_profile(chunk["flags"])
-        for kind in kinds:
-            found[kind].add(profile)
-
-    def read_node(logical):
-        for devid, physical in map_logical(sys_chunks, logical):
-            path = devices_by_devid.get(devid)
-            if path is None:
-                continue
-            try:
-                node = reader(path, physical, nodesize)
-            except OSError:
-                continue
-            if len(node) == nodesize and struct.unpack_from("<Q", node, 48)[0] == logical:
-                return node
-        return None
-
-    pending, visited = [sb["chunk_root"]], 0
-    while pending:
-        logical = pending.pop()
-        visited += 1
-        if visited > 4096:
-            return None
-        node = read_node(logical)
-        if node is None:
-            return None
-        nritems = struct.unpack_from("<I", node, 96)[0]
-        level = node[100]
-        if level > 0:
-            for index in range(nritems):
-                base = BTRFS_HEADER_SIZE + 33 * index
-                pending.append(struct.unpack_from("<Q", node, base + 17)[0])
-            continue
-        for index in range(nritems):
-            base = BTRFS_HEADER_SIZE + 25 * index
-            _objectid, key_type, _offset = struct.unpack_from("<QBQ", node, base)
-            data_offset, _size = struct.unpack_from("<II", node, base + 17)
-            if key_type != BTRFS_CHUNK_ITEM_KEY:
-                continue
-            chunk, _ = _chunk_item(node, BTRFS_HEADER_SIZE + data_offset)
-            kinds, profile = chunk_profile(chunk["flags"])
-            for kind in kinds:
-                found[kind].add(profile)
-    return {kind: sorted(values) for kind, values in found.items()}
-
-
-def parse_md_super(buf):
-    """An md v1.x superblock -> dict, or None without the magic."""
-    if len(buf) < 512 or struct.unpack_from("<I", buf, 0)[0] != MD_MAGIC:
-        return None
-    major = struct.unpack_from("<I", buf, 4)[0]
-    if major != 1:
-        return None
-    level = struct.unpack_from("<i", buf, 72)[0]
-    dev_number = struct.unpack_from("<I", buf, 160)[0]
-    max_dev = struct.unpack_from("<I", buf, 220)[0]
-    role = None
-    if dev_number < max_dev and 256 + 2 * dev_number + 2 <= len(buf):
-        role = struct.unpack_from("<H", buf, 256 + 2 * dev_number)[0]
-    name = buf[32:64].split(b"\0", 1)[0].decode("utf-8", "replace")
-    return {
-        "uuid": md_uuid_text(buf[16:32]),
-        "name": name,
-        "short_name": name.split(":", 1)[-1],
-        "level": MD_LEVEL_NAME.get(level, str(level)),
-        "chunk_kb": struct.unpack_from("<I", buf, 88)[0] // 2,
-        "raid_disks": struct.unpack_from("<I", buf, 92)[0],
-        "data_offset": struct.unpack_from("<Q", buf, 128)[0] * 512,
-        "role": role if role is not None and role < 0xFFFE else None,
-    }
-
-
-def parse_xfs_super(buf):
-    """The XFS superblock (first sector) -> {"uuid", "label"}, or None."""
-    if len(buf) < 120 or buf[0:4] != b"XFSB":
-        return None
-    label = buf[108:120].split(b"\0", 1)[0].decode("utf-8", "replace")
-    return {"uuid": format_uuid(buf[32:48]), "label": label}
-
-
-# --------------------------------------------------------------------------
-# the target: ids, block devices, mounts
-# --------------------------------------------------------------------------
-
-
-def signatures_of(path):
-    """Every signature on a device: wipefs -n -J (all of them), blkid -p as the fall-back
-    (provisioner_drives.probe). Returns (list of {"type", "label", "uuid", "offset"}, None) or (None, reason)."""
-    found = probe(path, tags=False)
-    if found["error"]:
-        return None, found["error"]
-    return found["entries"], None
-
-
-def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
-    """What is on one whole block device."""
-    base = "/sys/block/" + kname
-    path = "/dev/" + kname
-    partitions = sorted(
-        os.path.basename(os.path.dirname(p)) for p in glob.glob(path_in(root, base + "/*/partition"))
+    from ansible.module_utils.provisioner_drive_arrays import (
+        WIPE_HINT,
+        degraded_context,
+        match_btrfs,
+        match_degraded,
+        match_md,
+        member_text,
+        planned_uuid,
+        profile_for,
     )
-    holders = sorted(os.path.basename(p) for p in glob.glob(path_in(root, base + "/holders/*")))
-    for part in partitions:
-        holders += [os.path.basename(p) for p in glob.glob(path_in(root, f"{base}/{part}/holders/*"))]
-    majmins = {read_line(root, base + "/dev")}
-    majmins |= {read_line(root, f"{base}/{part}/dev") for part in partitions}
-    mountpoints = [m["mountpoint"] for m in mounts if m["majmin"] in majmins]
-    names = ["/dev/" + n for n in [kname, *partitions]]
-    if any(s in names for s in swaps):
-        mountpoints.append("[SWAP]")
-    sched_text = read_line(root, base + "/queue/scheduler") or ""
-    match = re.search(r"\[([^\]]+)\]", sched_text)
-    device = {
-        "kname": kname,
-        "path": path,
-        "size_bytes": (to_int(read_line(root, base + "/size"), 0) or 0) * 512,
-        "read_only": read_line(root, base + "/ro") == "1",
-        "serial": read_line(root, base + "/device/serial") or read_line(root, base + "/serial"),
-        "wwid": read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid"),
-        "model": read_line(root, base + "/device/model"),
-        "nvme": kname.startswith("nvme"),
-        "loop": kname.startswith("loop"),
-        "backing_file": read_line(root, base + "/loop/backing_file"),
-        "rotational": read_line(root, base + "/queue/rotational") == "1",
-        "scheduler": match.group(1) if match else (sched_text or None),
-        "read_ahead_kb": to_int(read_line(root, base + "/queue/read_ahead_kb")),
-        "partitions": partitions,
-        "holders": sorted(set(holders)),
-        "mountpoints": mountpoints,
-        "signatures": [],
-        "probe_error": None,
-        "btrfs": None,
-        "md": None,
-        "xfs": None,
-    }
-    if not probe:
-        return device
-    sigs, error = signatures_of(path)
-    device["signatures"] = sigs or []
-    device["probe_error"] = error
-    for name, offset, parser in (
-        ("btrfs", BTRFS_SUPER_OFFSET, parse_btrfs_super),
-        ("md", MD_SUPER_1_2_OFFSET, parse_md_super),
-        ("xfs", 0, parse_xfs_super),
-    ):
-        try:
-            device[name] = parser(read_at(path, offset, 4096))
-        except (OSError, struct.error, ValueError) as exc:
-            if device["probe_error"] is None and not isinstance(exc, struct.error):
-                device["probe_error"] = f"cannot read {path}: {exc}"
-    return device
+    from ansible.module_utils.provisioner_drive_rules import describe_contents, findings, has_contents
+    from ansible.module_utils.provisioner_drives import (
+        by_id_links,
+        inspect_device,
+        is_absent,
+        list_disks,
+        md_arrays,
+        md_driver,
+        mountpoint_state,
+        named_array,
+        parse_swaps,
+        replaced_filesystems,
+        resolve,
+        signatures_of,
+    )
+    from ansible.module_utils.provisioner_superblocks import (
+        BTRFS_SUPER_OFFSET,
+        btrfs_profiles,
+        md_uuid_text,
+        parse_btrfs_super,
+        parse_xfs_super,
+        read_at,
+    )
 
 
-def md_arrays(root="/"):
-    """Running md arrays from sysfs -> {mdX: {level, raid_disks, chunk_kb, slaves, state}}."""
-    arrays = {}
-    for entry in sorted(glob.glob(path_in(root, "/sys/block/md*/md"))):
-        name = os.path.basename(os.path.dirname(entry))
-        base = f"/sys/block/{name}/md"
-        arrays[name] = {
-            "device": "/dev/" + name,
-            "level": read_line(root, base + "/level"),
-            "raid_disks": to_int(read_line(root, base + "/raid_disks")),
-            "chunk_kb": (to_int(read_line(root, base + "/chunk_size"), 0) or 0) // 1024,
-            "state": read_line(root, base + "/array_state"),
-            "slaves": sorted(os.path.basename(p) for p in glob.glob(path_in(root, f"/sys/block/{name}/slaves/*"))),
-            "majmin": read_line(root, f"/sys/block/{name}/dev"),
-            "degraded": to_int(read_line(root, base + "/degraded"), 0) or 0,
-            "sync_action": read_line(root, base + "/sync_action"),
-        }
-    return arrays
-
-
-def named_array(root, name, arrays):
-    """The running array that /dev/md/NAME points to (its kernel name, e.g. md127), or None."""
-    link = path_in(root, f"/dev/md/{name}")
-    if not os.path.lexists(link):
-        return None
-    try:
-        target = os.path.realpath(link) if root == "/" else os.path.join(os.path.dirname(link), os.readlink(link))
-    except OSError:
-        return None
-    kname = os.path.basename(os.path.normpath(target))
-    return kname if kname in arrays else None
-
-
-def md_driver(root="/"):
-    """("loaded" | "module" | "absent", reason)."""
-    if os.path.exists(path_in(root, "/proc/mdstat")):
-        return "loaded", "md driver loaded (/proc/mdstat present)"
-    release = os.uname()[2] if root == "/" else (read_line(root, "/proc/sys/kernel/osrelease") or "")
-    moddir = f"/lib/modules/{release}"
-    for listing in ("modules.builtin", "modules.dep"):
-        text = ""
-        try:
-            with open(path_in(root, moddir + "/" + listing)) as handle:
-                text = handle.read()
-        except OSError:
-            continue
-        if re.search(r"(^|/)md-mod\.ko", text, re.MULTILINE):
-            return "module", "md driver available as module md_mod (loaded before creating the array)"
-    return "absent", "no md driver in this kernel (/proc/mdstat absent)"
 
 
 # --------------------------------------------------------------------------
 # the decision (pure)
 # --------------------------------------------------------------------------
-
-
-def planned_uuid(kind, members, spec):
-    """A UUID for a new array or filesystem, derived from the drives' identities and the layout:
-    check mode and the real run show the same, a second drive set gets another."""
-    identity = [
-        {
-            "serial": m.get("serial"),
-            "wwid": m.get("wwid"),
-            "backing_file": m.get("backing_file"),
-            "id": m.get("id") if not (m.get("serial") or m.get("wwid")) else None,
-            "size": m.get("size_bytes"),
-        }
-        for m in sorted(members, key=lambda m: m["id"])
-    ]
-    seed = json.dumps(
-        {"kind": kind, "members": identity, "level": spec["level"], "backend": spec["backend"], "name": spec["md_name"]},
-        sort_keys=True,
-    )
-    return str(uuid.uuid5(UUID_NAMESPACE, seed))
-
-
-def _who(member):
-    return member["id"] if member["id"] == member["path"] else "{} ({})".format(member["id"], member["path"])
-
-
-def _profile_for(level, count):
-    data = level
-    metadata = "raid1" if count > 1 else "dup"
-    return data, metadata
-
-
-def match_btrfs(members, spec):
-    """(True, fs) when the members carry exactly one btrfs filesystem spanning exactly them with the
-    requested profiles; (False, why) when they carry one that differs; (None, None) when none."""
-    sbs = [m.get("btrfs") for m in members]
-    if not any(sbs):
-        return None, None
-    fsids = sorted({sb["fsid"] for sb in sbs if sb})
-    if len(fsids) != 1 or not all(sbs):
-        return False, "that btrfs filesystem covers only some of the listed drives" if len(fsids) == 1 else "the btrfs filesystems {} cover only some of the listed drives".format(", ".join(fsids))
-    sb = sbs[0]
-    devids = sorted(s["devid"] for s in sbs)
-    if sb["num_devices"] != len(members) or len(set(devids)) != len(devids):
-        return False, "that btrfs filesystem spans {:d} device(s), {:d} of them listed".format(
-            sb["num_devices"], len(members))
-    profiles = members[0].get("btrfs_profiles")
-    data, metadata = _profile_for(spec["level"], len(members))
-    if profiles is None:
-        return False, "the profiles of that btrfs filesystem could not be read"
-    if profiles.get("data") != [data] or profiles.get("metadata") != [metadata]:
-        return False, "that btrfs filesystem is data {}, metadata {}, not the requested data {}, metadata {}".format(
-            "+".join(profiles.get("data") or ["none"]), "+".join(profiles.get("metadata") or ["none"]),
-            data, metadata)
-    return True, {"kind": "btrfs", "uuid": sb["fsid"], "label": sb["label"]}
-
-
-def match_md(members, spec, arrays):
-    """(True, info) for md members of one array with the requested level over exactly these drives;
-    (False, why) for md members of another array; (None, None) when no member carries md metadata."""
-    sbs = [m.get("md") for m in members]
-    if not any(sbs):
-        return None, None
-    uuids = sorted({sb["uuid"] for sb in sbs if sb})
-    if len(uuids) != 1 or not all(sbs):
-        return False, "that md array covers only some of the listed drives" if len(uuids) == 1 else "the md arrays {} cover only some of the listed drives".format(", ".join(uuids))
-    sb = sbs[0]
-    if sb["level"] != spec["level"] or sb["raid_disks"] != len(members):
-        return False, "that md array ({}) is {} over {:d} drive(s), not the requested {} over {:d}".format(
-            sb["name"] or sb["uuid"], sb["level"], sb["raid_disks"], spec["level"], len(members))
-    roles = sorted(s["role"] for s in sbs if s["role"] is not None)
-    if roles != list(range(len(members))):
-        return False, "that md array ({}) has member roles {} (spare or failed drives)".format(
-            sb["name"] or sb["uuid"], roles)
-    running = None
-    holders = {tuple(m.get("holders") or []) for m in members}
-    if len(holders) == 1:
-        held = next(iter(holders))
-        if len(held) == 1 and held[0] in arrays:
-            array = arrays[held[0]]
-            if sorted(array["slaves"]) == sorted(m["kname"] for m in members):
-                running = held[0]
-    if any(m.get("holders") for m in members) and running is None:
-        return False, "the drives are held by {}, not by one array over exactly these drives".format(", ".join(
-            sorted({h for m in members for h in (m.get("holders") or [])})))
-    info = {
-        "kind": "md",
-        "uuid": sb["uuid"],
-        "name": sb["name"],
-        "chunk_kb": sb["chunk_kb"],
-        "running": running,
-        "data_offset": sb["data_offset"],
-    }
-    first = [m for m, s in zip(members, sbs) if s["role"] == 0]
-    info["first_member"] = first[0]["path"] if first else None
-    # gather() reads the filesystem on the array (or, not running, in the first member's data area)
-    info["filesystem"] = sb.get("filesystem")
-    return True, info
-
-
-def degraded_context(spec, device_count, arrays, named):
-    """The role's own array (/dev/md/NAME, running as NAMED) when it is the requested redundant level
-    over as many drives as storage_devices names and runs on fewer: a drive was lost. Else None."""
-    array = arrays.get(named) if named else None
-    if not array or spec["backend"] != "mdadm" or spec["level"] not in ("raid1", "raid10"):
-        return None
-    if array.get("level") != spec["level"] or array.get("raid_disks") != device_count:
-        return None
-    if len(array.get("slaves") or []) >= device_count:
-        return None  # every slot has a drive (one may be rebuilding): nothing is lost
-    return array
-
-
-def match_degraded(spec, members, missing, arrays, named):
-    """A degraded run of the role's own array: which listed drives are its running members, which come
-    back (their md superblock names the array's UUID), which are blank replacements, which hold other
-    data. None when the array is not the role's degraded array over these drives (the normal decision
-    applies); else {"info", "returning", "replacements", "refusals", "missing"}."""
-    array = degraded_context(spec, len(members) + len(missing), arrays, named)
-    if array is None:
-        return None
-    slaves = set(array.get("slaves") or [])
-    running = [m for m in members if m["kname"] in slaves]
-    if not running or slaves - {m["kname"] for m in members}:
-        return None  # the array runs on drives that are not listed: not this request's array
-    uuids = sorted({m["md"]["uuid"] for m in running if m.get("md")})
-    if len(uuids) != 1:
-        return None
-    md_uuid = uuids[0]
-    device = "/dev/md/{}".format(spec["md_name"])
-    returning, replacements, refusals = [], [], []
-    for m in members:
-        if m["kname"] in slaves:
-            continue
-        who = _who(m)
-        points = m.get("mountpoints") or []
-        if points or m.get("holders"):
-            refusals.append(
-                "storage: refusing {} as a member of the degraded array {}: {} — {}".format(
-                    who, device, ("mounted at {}".format(", ".join(points))) if points else "in use by {}".format(", ".join(m["holders"])),
-                    "unmount it first" if points else "stop that first (e.g. mdadm --stop /dev/{})".format(m["holders"][0])))
-        elif m.get("md") and m["md"]["uuid"] == md_uuid and not m.get("partitions"):
-            returning.append(m)
-        elif not has_contents(m) or m.get("wipe_allowed"):
-            replacements.append(m)
-        else:
-            refusals.append(
-                f"storage: refusing {who} as a replacement in the degraded array {device} ({md_uuid}): it holds {describe_contents(m)}, and only a "
-                f"returning member of that array or a blank drive is added — {WIPE_HINT}, or list another drive")
-    first = running[0]["md"]
-    info = {
-        "kind": "md",
-        "uuid": md_uuid,
-        "name": first.get("name"),
-        "chunk_kb": first.get("chunk_kb"),
-        "running": named,
-        "data_offset": first.get("data_offset"),
-        "first_member": None,
-        "filesystem": array.get("filesystem"),
-    }
-    return {
-        "info": info,
-        "device": device,
-        "kname": named,
-        "raid_disks": array.get("raid_disks"),
-        "active": len(slaves),
-        "returning": returning,
-        "replacements": replacements,
-        "refusals": refusals,
-        "missing": list(missing),
-    }
 
 
 def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded", ""), missing=(), named=None):
@@ -749,7 +255,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     # provisioner_drive_rules.py).
     found = [dict(findings(m)) for m in members]
     for m, kinds in zip(members, found):
-        who = _who(m)
+        who = member_text(m)
         if "unprobed" in kinds:
             refusals.append("storage: refusing {}: could not be inspected ({}) — fix that first".format(who, kinds["unprobed"]))
         if "read_only" in kinds:
@@ -803,7 +309,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             adopted_mounts |= set(m.get("mountpoints") or [])
 
     for m, kinds in zip(members, found):
-        who = _who(m)
+        who = member_text(m)
         points = kinds.get("mounted") or []
         if points and not (adopt_fs or adopt_md):
             hint = " (the root disk)" if any(p in SYSTEM_MOUNTPOINTS for p in points) else ""
@@ -835,7 +341,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             refusals.append(
                 "storage: refusing to adopt the existing {} on {}: it is mounted at {}, not at {} — unmount it, or set "
                 "storage_mountpoint: {}".format(
-                    adopted["kind"], ", ".join(_who(m) for m in members), ", ".join(points),
+                    adopted["kind"], ", ".join(member_text(m) for m in members), ", ".join(points),
                     spec["mountpoint"], points[0]))
 
     # The mount point: nothing else mounted there, nothing hidden by mounting over it.
@@ -855,7 +361,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     if refusals:
         return result
 
-    data_profile, meta_profile = _profile_for(level, len(members))
+    data_profile, meta_profile = profile_for(level, len(members))
     result["btrfs_data_profile"] = data_profile if backend == "btrfs" else None
     result["btrfs_metadata_profile"] = meta_profile if backend == "btrfs" else None
     paths = [m["cmd_path"] for m in members]
@@ -1020,21 +526,6 @@ def _mkfs_xfs(label, fs_uuid, chunk, sw, level, force, device):
 # --------------------------------------------------------------------------
 
 
-def _mountpoint_state(path, mounts, root="/"):
-    state = {"mounted": False, "entries": 0, "not_a_directory": False,
-             "exists": os.path.isdir(path_in(root, path))}
-    for mount in mounts:
-        if mount["mountpoint"] == path:
-            state.update(mounted=True, mounted_source=mount["source"], mounted_fstype=mount["fstype"])
-    full = path_in(root, path)
-    if os.path.lexists(full) and not os.path.isdir(full):
-        state["not_a_directory"] = True
-    elif os.path.isdir(full) and not state["mounted"]:
-        with contextlib.suppress(OSError):
-            state["entries"] = len([n for n in os.listdir(full) if n != "lost+found"])
-    return state
-
-
 def parse_fstab(text):
     """/etc/fstab -> [{"src", "path", "fstype", "opts"}] (comments and blank lines skipped)."""
     entries = []
@@ -1076,24 +567,6 @@ def foreign_fstab_entries(entries, result, root="/"):
             continue
         foreign.append(entry["line"])
     return foreign
-
-
-def replaced_filesystems(wiped):
-    """UUIDs of the XFS filesystems on drives about to be wiped: on the drive itself, or inside the md
-    array it was a member of (at the member's data offset)."""
-    found = set()
-    for m in wiped:
-        if m.get("xfs"):
-            found.add(m["xfs"]["uuid"])
-        md = m.get("md")
-        if md and md.get("data_offset"):
-            try:
-                xfs = parse_xfs_super(read_at(m["path"], md["data_offset"], 4096))
-            except OSError:
-                xfs = None
-            if xfs:
-                found.add(xfs["uuid"])
-    return sorted(found)
 
 
 MDADM_MARKER = "provisioner storage: the data array"
@@ -1219,7 +692,7 @@ def gather(params, root="/", probe=True):
             if array:
                 m["mountpoints"] += [x["mountpoint"] for x in mounts if x["majmin"] == array["majmin"]]
 
-    state = _mountpoint_state(spec["mountpoint"], mounts, root)
+    state = mountpoint_state(spec["mountpoint"], mounts, root)
     # The role's own array running degraded: drives not on the host are its lost members (the
     # decision says so as a warning), not a refusal.
     named = named_array(root, spec["md_name"], arrays) if spec["backend"] == "mdadm" else None

@@ -22,6 +22,7 @@ VENV_BIN = Path(sys.executable).parent
 SEP = "\u2014"  # the em dash of the refusal line
 
 ps = plugin_code.load("modules", "provisioner_storage")
+sb = plugin_code.load("module_utils", "provisioner_superblocks")  # the raw superblock parsers
 
 
 # --------------------------------------------------------------------------
@@ -369,7 +370,7 @@ def test_inspect_reads_sysfs(fake_root):
 
 def test_md_superblock_parser():
     buf = bytearray(4096)
-    struct.pack_into("<II", buf, 0, ps.MD_MAGIC, 1)
+    struct.pack_into("<II", buf, 0, sb.MD_MAGIC, 1)
     set_uuid = uuid.UUID("a1b2c3d4-0000-4000-8000-00000000abcd").bytes
     buf[16:32] = set_uuid
     buf[32:41] = b"gpu1:data"
@@ -379,10 +380,10 @@ def test_md_superblock_parser():
     struct.pack_into("<I", buf, 160, 1)  # dev_number
     struct.pack_into("<I", buf, 220, 2)  # max_dev
     struct.pack_into("<HH", buf, 256, 0, 1)
-    md = ps.parse_md_super(bytes(buf))
+    md = sb.parse_md_super(bytes(buf))
     assert md == {"uuid": "a1b2c3d4:00004000:80000000:0000abcd", "name": "gpu1:data", "short_name": "data",
                   "level": "raid0", "chunk_kb": 512, "raid_disks": 2, "data_offset": 264192 * 512, "role": 1}
-    assert ps.parse_md_super(bytes(4096)) is None
+    assert sb.parse_md_super(bytes(4096)) is None
 
 
 @pytest.mark.skipif(shutil.which("mkfs.btrfs") is None, reason="btrfs-progs not installed here")

@@ -19,7 +19,7 @@ import pytest
 
 pf = plugin_code.load("modules", "provisioner_facts")
 ps = plugin_code.load("modules", "provisioner_storage")
-drives = sys.modules[ps.probe.__module__]
+drives = sys.modules[ps.signatures_of.__module__]
 assert drives is sys.modules[pf.probe.__module__]
 
 FSID = "0f0e0d0c-0000-4000-8000-000000000001"
