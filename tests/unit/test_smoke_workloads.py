@@ -213,18 +213,6 @@ def test_the_new_workloads_render_in_the_report_like_the_others(tuned):
         assert f'check="{cid}"' in page
 
 
-def test_the_matrix_is_cross_validated_over_views_of_itself(script, tmp_path, monkeypatch):
-    """The real worker on a small matrix: ridge over contiguous folds fits the planted model."""
-    monkeypatch.setitem(script.PROFILES["quick"], "matrix_rows", 4003)
-    out = script.w_matrix({"profile": "quick", "mode": "tuned", "threads": 1, "workdir": str(tmp_path),
-                           "plan": {"feature_matrix_features": 20, "feature_matrix_rows": 10_000}})
-    assert out["rows"] == 4000 and out["features"] == 20 and out["folds"] == 4  # a whole number of folds
-    assert out["r2"] > 0.8 and out["swapped_out_pages"] >= 0 and out["planned_from_plan"]
-    assert out["planned_bytes"] == 10_000 * 20 * 4 and out["cv_gflops"] > 0 and out["sgemm_gflops"] > 0
-    checks = by_id(smoke.evaluate({"mode": "tuned", "results": {"matrix": out}}))
-    assert checks["matrix.memory"].limit == pytest.approx(0.0008) and "the plan's largest" in checks["matrix.memory"].basis
-
-
 def test_the_scorer_reads_the_thread_pools_of_the_process_it_runs_in(script, tmp_path):
     import numpy as np
     from threadpoolctl import threadpool_limits
