@@ -229,21 +229,6 @@ def test_the_scorer_reads_the_thread_pools_of_the_process_it_runs_in(script, tmp
     assert [p["num_threads"] for p in pools if p["user_api"] == "blas"] and all(p["num_threads"] == 1 for p in pools)
 
 
-def test_polars_one_thread_run_is_a_process_of_its_own(script):
-    class Runner:
-        def __init__(self):
-            self.calls = []
-
-        def worker(self, task, **extra):
-            self.calls.append((task, extra))
-            return {"polars": {"threads": extra.get("polars_threads", 2), "rows_per_s": 1.0}, "rows": 10}
-
-    runner = Runner()
-    out = script.features(runner)
-    assert runner.calls == [("features", {}), ("features", {"polars_threads": 1, "pandas": False})]
-    assert out["polars"]["threads"] == 2 and out["polars_one"]["threads"] == 1
-
-
 # ---------------------------------------------------------------- what a user's code gets
 
 
