@@ -23,7 +23,8 @@ ANSIBLE_PLAYBOOK = VENV_BIN / "ansible-playbook"
 
 
 pf = plugin_code.load("modules", "provisioner_facts")
-DRIVES = sys.modules[pf.probe.__module__]  # provisioner_drives: the probes run its commands
+dl = sys.modules[pf.gather_block_devices.__module__]  # provisioner_drive_list: the block devices
+DRIVES = sys.modules[dl.probe.__module__]  # provisioner_drives: the probes run its commands
 
 
 # --------------------------------------------------------------------------
@@ -104,14 +105,14 @@ def test_parse_meminfo_converts_kb_to_bytes():
 
 
 def test_parse_mountinfo_and_swaps():
-    mounts = pf.parse_mountinfo(
+    mounts = dl.parse_mountinfo(
         "27 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw\n"
         "30 27 259:1 / /boot/efi rw,relatime shared:5 - vfat /dev/nvme0n1p1 rw\n"
         "31 27 0:45 / /mnt/with\\040space rw - tmpfs tmpfs rw\n"
     )
     assert mounts[0] == {"majmin": "259:2", "mountpoint": "/", "fstype": "ext4", "source": "/dev/nvme0n1p2"}
     assert mounts[2]["mountpoint"] == "/mnt/with space"
-    swaps = pf.parse_swaps(
+    swaps = dl.parse_swaps(
         "Filename\tType\tSize\tUsed\tPriority\n/dev/nvme0n1p3   partition\t8388604\t0\t-2\n/swapfile file 1 0 -3\n"
     )
     assert swaps == ["/dev/nvme0n1p3"]
@@ -134,7 +135,7 @@ def test_sort_by_id_prefers_hardware_ids():
         "/dev/disk/by-id/wwn-0x5002",
         "/dev/disk/by-id/zzz-other",
     ]
-    assert pf.sort_by_id(links) == [
+    assert dl.sort_by_id(links) == [
         "/dev/disk/by-id/wwn-0x5002",
         "/dev/disk/by-id/nvme-eui.0025",
         "/dev/disk/by-id/nvme-SAMSUNG_X_S1",
@@ -202,7 +203,7 @@ LSBLK = json.dumps(
 
 
 def test_parse_lsblk():
-    devices = {d["name"]: d for d in pf.parse_lsblk(LSBLK, by_id={"nvme1n1": ["/dev/disk/by-id/nvme-SAMSUNG_X", "/dev/disk/by-id/nvme-eui.1"]})}
+    devices = {d["name"]: d for d in dl.parse_lsblk(LSBLK, by_id={"nvme1n1": ["/dev/disk/by-id/nvme-SAMSUNG_X", "/dev/disk/by-id/nvme-eui.1"]})}
     assert set(devices) == {"loop1", "nvme0n1", "nvme1n1", "nvme2n1", "sda"}  # no zram, rom or empty loop
 
     root = devices["nvme0n1"]
@@ -232,14 +233,14 @@ def test_parse_lsblk():
 
 
 def test_parse_lsblk_root_disks_and_extra_mounts():
-    devices = {d["name"]: d for d in pf.parse_lsblk(LSBLK, root_disks={"nvme1n1"}, mounts_by_majmin={"7:1": ["/mnt/x"]})}
+    devices = {d["name"]: d for d in dl.parse_lsblk(LSBLK, root_disks={"nvme1n1"}, mounts_by_majmin={"7:1": ["/mnt/x"]})}
     assert devices["nvme1n1"]["root_disk"] is True
     assert devices["loop1"]["mountpoints"] == ["/mnt/x"] and devices["loop1"]["mounted"] is True
 
 
 def test_parse_lsblk_old_mountpoint_column():
     text = json.dumps({"blockdevices": [{"name": "vdb", "type": "disk", "size": "1000", "mountpoint": "/", "rota": "1"}]})
-    (device,) = pf.parse_lsblk(text)
+    (device,) = dl.parse_lsblk(text)
     assert device["root_disk"] is True and device["path"] == "/dev/vdb" and device["size_bytes"] == 1000
 
 
@@ -603,12 +604,12 @@ def test_probe_signatures(monkeypatch, returncode, stdout, stderr, expected):
         return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
 
     monkeypatch.setattr(DRIVES, "run", fake_run)
-    assert pf.probe_signatures("/dev/x") == expected
+    assert dl.probe_signatures("/dev/x") == expected
 
 
 def test_probe_signatures_without_blkid(monkeypatch):
     monkeypatch.setattr(DRIVES, "run", lambda argv, timeout=30: None)
-    assert pf.probe_signatures("/dev/x") == ([], "failed")
+    assert dl.probe_signatures("/dev/x") == ([], "failed")
 
 
 def test_fake_tree_is_never_probed(fake_root):

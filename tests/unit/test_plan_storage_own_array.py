@@ -6,6 +6,7 @@ else mounted at the data mountpoint, or the drives of another array, are still r
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import plugin_code
@@ -17,6 +18,7 @@ from provisioner.plan import derive_plan as _derive_plan
 from provisioner.plan.storage import own_array
 
 pf = plugin_code.load("modules", "provisioner_facts")
+dl = sys.modules[pf.gather_block_devices.__module__]  # provisioner_drive_list: the block devices
 
 FSID = "0b3f6a7e-55c1-4d0b-9f0e-3c2a1d4e5f60"
 OTHER_FSID = "7d1c2b3a-0000-4a4a-8b8b-112233445566"
@@ -62,7 +64,7 @@ def derive_plan(facts: dict, options: PlanOptions):
 
 
 def _facts(*nodes, root_disk=True) -> dict:
-    devices = pf.parse_lsblk(json.dumps({"blockdevices": [_root_disk()] * root_disk + list(nodes)}))
+    devices = dl.parse_lsblk(json.dumps({"blockdevices": [_root_disk()] * root_disk + list(nodes)}))
     for device in devices:
         device.setdefault("signature_probe", "ok")
     return {"block_devices": devices}
