@@ -84,10 +84,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
         "quick": {"hpo_rows": 100_000, "hpo_trees": 40, "hpo_trials_per_worker": 2},
         "full": {"hpo_rows": 1_000_000, "hpo_trees": 100, "hpo_trials_per_worker": 4},
     },
-    "parquet": {
-        "quick": {"parquet_rows": 4_000_000, "parquet_repeats": 3},
-        "full": {"parquet_rows": 40_000_000, "parquet_repeats": 5},
-    },
     "serving": {
         "quick": {
             "serving_rows": 20_000,
@@ -188,29 +184,6 @@ class ClockSampler:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-
-
-# ---------------------------------------------------------------- the data mount's cold reads (root)
-
-
-def drop_caches() -> str | None:
-    """Drop the page cache so a read comes from the drive; None on success, else why not."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
-            f.write("3\n")
-        return None
-    except OSError as exc:
-        return f"cannot drop the page cache ({exc.strerror}: /proc/sys/vm is read-only here): warm-cache figures"
-
-
-def sequential_read(path: str) -> float:
-    """Seconds to read a file start to end in 8 MiB chunks."""
-    start = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.read(8 << 20):
-            pass
-    return time.perf_counter() - start
 
 
 # ---------------------------------------------------------------- parent: run the workers
@@ -406,37 +379,6 @@ def gemm(runner: Runner) -> dict[str, Any]:
 def cluster(runner: Runner) -> dict[str, Any]:
     """The distributed trials, driven from the Ray head: its node's configuration says where the cluster is."""
     return runner.worker("cluster", ray_config=runner.args.ray_config)
-
-
-def parquet(runner: Runner) -> dict[str, Any]:
-    """Write a Parquet file on the data mount, then per repeat: the raw file read and the scan, both cold."""
-    written = runner.worker("parquet_write")
-    if "error" in written or "skipped" in written:
-        return written
-    raw, scans, decoded, in_memory, cache = [], [], [], [], None
-    for _ in range(PROFILES[runner.args.profile]["parquet_repeats"]):
-        cache = drop_caches() or cache
-        raw.append(sequential_read(written["path"]))
-        cache = drop_caches() or cache
-        scan = runner.worker("parquet_scan", path=written["path"])
-        if "error" in scan:
-            return scan
-        scans.append(scan["seconds"])
-        decoded.append(scan["decoded_bytes"])
-        in_memory.append(scan["in_memory_s"])
-    return {
-        **written,
-        "cold_cache": cache is None,
-        "cache_note": cache,
-        "raw_read_s": raw,
-        "scan_s": scans,
-        "raw_read_gbps": written["file_bytes"] / median(raw) / 1e9,
-        "scan_gbps": written["file_bytes"] / median(scans) / 1e9,
-        "decoded_gbps": median(decoded) / median(scans) / 1e9,
-        "in_memory_s": in_memory,
-        "in_memory_gbps": written["file_bytes"] / median(in_memory) / 1e9,
-        "scan_threads": scan.get("threads"),
-    }
 
 
 # ---------------------------------------------------------------- serving (root: the server and wrk)
@@ -1373,53 +1315,6 @@ def w_cluster(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def w_parquet_write(p: dict[str, Any]) -> dict[str, Any]:
-    missing = _missing("pyarrow", "core")
-    if missing:
-        return missing
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = PROFILES[p["profile"]]["parquet_rows"]
-    rng = np.random.default_rng(3)
-    cols = {f"f{i}": rng.standard_normal(rows, dtype=np.float32) for i in range(12)}
-    cols.update({f"c{i}": rng.integers(0, 1000, rows, dtype=np.int32) for i in range(4)})
-    cols["ts"] = np.arange(rows, dtype=np.int64)
-    table = pa.table(cols)
-    path = os.path.join(p["workdir"], "smoke.parquet")
-    t0 = time.perf_counter()
-    pq.write_table(table, path, compression="snappy", row_group_size=1 << 20)
-    secs = time.perf_counter() - t0
-    size = os.path.getsize(path)
-    return {
-        "path": path,
-        "rows": rows,
-        "file_bytes": size,
-        "table_bytes": table.nbytes,
-        "compression": "snappy",
-        "write_s": secs,
-        "write_gbps": size / secs / 1e9,
-        "pyarrow": pa.__version__,
-    }
-
-
-def w_parquet_scan(p: dict[str, Any]) -> dict[str, Any]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    t0 = time.perf_counter()
-    table = pq.read_table(p["path"], use_threads=True)
-    secs = time.perf_counter() - t0
-    # The same file decoded from memory: what the CPU can decode with no drive involved.
-    with open(p["path"], "rb") as f:
-        buf = pa.py_buffer(f.read())
-    t0 = time.perf_counter()
-    pq.read_table(pa.BufferReader(buf), use_threads=True)
-    in_memory = time.perf_counter() - t0
-    return {"seconds": secs, "decoded_bytes": table.nbytes, "threads": pa.cpu_count(), "in_memory_s": in_memory}
-
-
 def _serve_module(path: str):
     """The model server's own code as a module: its registry, loader and predict path."""
     import importlib.util
@@ -1625,7 +1520,6 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
 _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "gemm": {"gemm": w_gemm, "clock": w_clock},
     "hpo": {"hpo": w_hpo},
-    "parquet": {"parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan},
     "serving": {"serving_model": w_serving_model},
     "sklearn": {"sklearn": w_sklearn},
     "cluster": {"cluster": w_cluster},
@@ -1634,7 +1528,6 @@ WORKERS = {task: fn for w in WORKLOADS for task, fn in (getattr(w, "WORKERS", No
 # The root parent's step of a workload, until its module holds it (its drive).
 _LEGACY_DRIVES: dict[str, Callable[[Runner], dict[str, Any]]] = {
     "gemm": gemm,
-    "parquet": parquet,
     "serving": serving,
     "cluster": cluster,
 }

@@ -1,17 +1,136 @@
 """A Parquet scan from the data mount against the mount's raw read and the decode rate.
 
-Runs on the control node. Reads results.parquet: scan_gbps, scan_s, raw_read_gbps,
+Measured on the target (WORKERS, in the ML environment); judged on the control node, which
+reads results.parquet: scan_gbps, scan_s, raw_read_gbps,
 in_memory_gbps, scan_threads, file_bytes, rows, write_gbps, decoded_gbps, cold_cache,
 cache_note; the raw result's threads and data_dir.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from ..base import Check, _problem, grade, span
+from ..target.ml import _missing, median
 
 NAME = "parquet"
+
+
+# ---------------------------------------------------------------- target, ML environment
+
+SIZES: dict[str, dict[str, Any]] = {
+    "quick": {"parquet_rows": 4_000_000, "parquet_repeats": 3},
+    "full": {"parquet_rows": 40_000_000, "parquet_repeats": 5},
+}
+
+
+def w_parquet_write(p: dict[str, Any]) -> dict[str, Any]:
+    missing = _missing("pyarrow", "core")
+    if missing:
+        return missing
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = SIZES[p["profile"]]["parquet_rows"]
+    rng = np.random.default_rng(3)
+    cols = {f"f{i}": rng.standard_normal(rows, dtype=np.float32) for i in range(12)}
+    cols.update({f"c{i}": rng.integers(0, 1000, rows, dtype=np.int32) for i in range(4)})
+    cols["ts"] = np.arange(rows, dtype=np.int64)
+    table = pa.table(cols)
+    path = os.path.join(p["workdir"], "smoke.parquet")
+    t0 = time.perf_counter()
+    pq.write_table(table, path, compression="snappy", row_group_size=1 << 20)
+    secs = time.perf_counter() - t0
+    size = os.path.getsize(path)
+    return {
+        "path": path,
+        "rows": rows,
+        "file_bytes": size,
+        "table_bytes": table.nbytes,
+        "compression": "snappy",
+        "write_s": secs,
+        "write_gbps": size / secs / 1e9,
+        "pyarrow": pa.__version__,
+    }
+
+
+def w_parquet_scan(p: dict[str, Any]) -> dict[str, Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    table = pq.read_table(p["path"], use_threads=True)
+    secs = time.perf_counter() - t0
+    # The same file decoded from memory: what the CPU can decode with no drive involved.
+    with open(p["path"], "rb") as f:
+        buf = pa.py_buffer(f.read())
+    t0 = time.perf_counter()
+    pq.read_table(pa.BufferReader(buf), use_threads=True)
+    in_memory = time.perf_counter() - t0
+    return {"seconds": secs, "decoded_bytes": table.nbytes, "threads": pa.cpu_count(), "in_memory_s": in_memory}
+
+
+WORKERS = {"parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan}
+
+
+# ---------------------------------------------------------------- target, root parent (stdlib)
+
+
+def drop_caches() -> str | None:
+    """Drop the page cache so a read comes from the drive; None on success, else why not."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as f:
+            f.write("3\n")
+        return None
+    except OSError as exc:
+        return f"cannot drop the page cache ({exc.strerror}: /proc/sys/vm is read-only here): warm-cache figures"
+
+
+def sequential_read(path: str) -> float:
+    """Seconds to read a file start to end in 8 MiB chunks."""
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(8 << 20):
+            pass
+    return time.perf_counter() - start
+
+
+def drive(runner: Any) -> dict[str, Any]:
+    """Write a Parquet file on the data mount, then per repeat: the raw file read and the scan, both cold."""
+    written = runner.worker("parquet_write")
+    if "error" in written or "skipped" in written:
+        return written
+    raw, scans, decoded, in_memory, cache = [], [], [], [], None
+    for _ in range(SIZES[runner.args.profile]["parquet_repeats"]):
+        cache = drop_caches() or cache
+        raw.append(sequential_read(written["path"]))
+        cache = drop_caches() or cache
+        scan = runner.worker("parquet_scan", path=written["path"])
+        if "error" in scan:
+            return scan
+        scans.append(scan["seconds"])
+        decoded.append(scan["decoded_bytes"])
+        in_memory.append(scan["in_memory_s"])
+    return {
+        **written,
+        "cold_cache": cache is None,
+        "cache_note": cache,
+        "raw_read_s": raw,
+        "scan_s": scans,
+        "raw_read_gbps": written["file_bytes"] / median(raw) / 1e9,
+        "scan_gbps": written["file_bytes"] / median(scans) / 1e9,
+        "decoded_gbps": median(decoded) / median(scans) / 1e9,
+        "in_memory_s": in_memory,
+        "in_memory_gbps": written["file_bytes"] / median(in_memory) / 1e9,
+        "scan_threads": scan.get("threads"),
+    }
+
+
+# ---------------------------------------------------------------- control node
 
 PARQUET_GRADES = (0.5, 0.2)
 # Parquet decode with snappy, per core (measured on these machines).

@@ -1,0 +1,34 @@
+"""The Parquet workload's root-parent step: the file written once, then per repeat the raw read
+and the scan, each after the page cache is dropped."""
+
+from __future__ import annotations
+
+import argparse
+
+from provisioner.smoke.workloads import parquet
+
+
+class Runner:
+    def __init__(self, path):
+        self.args = argparse.Namespace(profile="quick")
+        self.calls, self.path = [], path
+
+    def worker(self, task, **extra):
+        self.calls.append((task, extra))
+        if task == "parquet_write":
+            return {"path": str(self.path), "file_bytes": 4_000_000, "rows": 10}
+        return {"seconds": 0.01, "decoded_bytes": 8_000_000, "in_memory_s": 0.005, "threads": 2}
+
+
+def test_each_repeat_reads_the_file_raw_and_scans_it_cold(tmp_path, monkeypatch):
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"x" * 1000)
+    dropped = []
+    monkeypatch.setattr(parquet, "drop_caches", lambda: dropped.append(1) or "read-only here")
+    runner = Runner(path)
+    out = parquet.drive(runner)
+    repeats = parquet.SIZES["quick"]["parquet_repeats"]
+    assert [t for t, _ in runner.calls] == ["parquet_write"] + ["parquet_scan"] * repeats
+    assert len(dropped) == 2 * repeats and out["cold_cache"] is False and out["cache_note"] == "read-only here"
+    assert len(out["raw_read_s"]) == repeats and out["scan_gbps"] == 4_000_000 / 0.01 / 1e9
+    assert parquet.sequential_read(str(path)) >= 0
