@@ -128,6 +128,13 @@ def test_a_host_that_serves_nothing_is_not_sized(preflight_run):
 RENDER = [
     {"name": "Render", "ansible.builtin.include_role": {"name": "serving", "tasks_from": "preflight", "public": True}},
     {"name": "Config", "ansible.builtin.debug": {"msg": "{{ _serving_config_content }}"}},
+    {"name": "Server files", "ansible.builtin.debug": {"msg": "{{ _serving_server_files }}"}},
+    {
+        "name": "Undo removes",
+        "ansible.builtin.debug": {
+            "msg": "{{ (_serving_files + ['/etc/passwd', _serving_lib_dir ~ '/other.py']) | select('match', _serving_undo_pattern) | list }}"
+        },
+    },
     {
         "name": "Drop-in",
         "ansible.builtin.debug": {
@@ -191,3 +198,16 @@ def test_without_a_plan_the_facts_size_it(render_run):
     assert config["models"] == [{"name": "fraud", "version": "3"}]
     assert all(w["threads"] == 1 for w in config["workers"]) and 1 <= len(config["workers"]) <= cores
     assert "CPUAffinity" not in dropin
+
+
+def test_the_server_is_installed_and_removed_with_every_part(render_run):
+    # The server imports its parts from its own directory: install copies each of them beside it,
+    # undo removes each (and nothing else of that directory); the status script is run by itself.
+    results = dict(render_run.results("from-the-plan"))
+    files = results["Server files"]["msg"]
+    here = sorted(p.name for p in (ROOT / "roles/serving/files").glob("provisioner_serve*.py"))
+    assert sorted(Path(f).name for f in files) == [n for n in here if n != "provisioner_serve_status.py"]
+    assert {str(Path(f).parent) for f in files} == {"/usr/local/lib/provisioner/serving"}
+    removed = results["Undo removes"]["msg"]
+    assert set(files) <= set(removed) and "/etc/passwd" not in removed
+    assert "/usr/local/lib/provisioner/serving/other.py" not in removed

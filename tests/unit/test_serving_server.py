@@ -543,6 +543,39 @@ def test_check_passes_a_registry_within_the_budget(padded: dict[str, Any], tmp_p
     assert doc["total_bytes"] == sum(m["bytes"] for m in doc["models"])
 
 
+def test_a_copy_with_its_parts_runs_and_loads_as_a_module_from_anywhere(padded: dict[str, Any], tmp_path: Path) -> None:
+    # The server imports its parts (provisioner_serve_*.py) from its own directory: a copy with
+    # them runs there even in isolated mode (no script directory on sys.path), and loads as the
+    # module provisioner_serve from another directory (the smoke test's in-process predicts).
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for part in SERVER.parent.glob("provisioner_serve*.py"):
+        shutil.copy(part, copy)
+    config_path = tmp_path / "serving.json"
+    write_config(config_path, padded["registry"], [{"name": "e", "version": "1"}], budget=3 * PAD)
+    result = subprocess.run(
+        [sys.executable, "-I", str(copy / SERVER.name), "--config", str(config_path), "--check"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert [m["name"] for m in json.loads(result.stdout)["models"]] == ["e"]
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('provisioner_serve', sys.argv[1])\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "sys.modules['provisioner_serve'] = module\n"
+        "spec.loader.exec_module(module)\n"
+        "model = module.load_model(module.Registry(sys.argv[2]), 'e', '1', 1)\n"
+        "print(model.framework, model.n, module.Model.__module__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(copy / SERVER.name), str(padded["registry"])],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["xgboost", "6", "provisioner_serve_models"]
+
+
 def test_check_refuses_a_registry_over_the_budget_naming_the_sizes(padded: dict[str, Any], tmp_path: Path) -> None:
     config_path = tmp_path / "serving.json"
     budget = int(2.5 * PAD)
