@@ -17,6 +17,7 @@ from provisioner.checks import as_root, role_constants, role_vars
 SOCKET, SLICE, PREFIX, THREAD_VARIABLES = role_constants(
     "serving", "socket_unit", "slice_unit", "instance_prefix", "thread_variables"
 )
+LIB_DIR, SERVER_MODULES = role_constants("serving", "lib_dir", "server_modules")
 CONFIG = "/etc/provisioner/serving/serving.json"
 # systemd-analyze security's exposure for provisioner-serve@0.service, measured on a lab
 # server (Debian 12, systemd 252): the units must stay at or below it ("OK" is 2.0 .. 4.9).
@@ -210,3 +211,10 @@ def test_the_registry_holds_the_copied_versions_and_the_config_is_private(host, 
     assert (config.user, config.group, config.mode) == ("root", serving["serving_user"], 0o640)
     assert serving["config"]["models"] == ("all" if not serving["serving_models"] else serving["serving_models"])
     assert serving["config"]["listen"] == serving["serving_listen"]
+
+
+def test_the_server_and_its_parts_are_installed_beside_it(host, serving):
+    # The server imports its parts (provisioner_serve_*.py) from its own directory.
+    for name in ["provisioner_serve.py", *SERVER_MODULES]:
+        part = host.file(f"{LIB_DIR}/{name}")
+        assert part.exists and (part.user, part.group, part.mode) == ("root", "root", 0o644), name
