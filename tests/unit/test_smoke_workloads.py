@@ -13,6 +13,7 @@ import smoke_script
 
 from provisioner import report, smoke
 from provisioner.smoke import zipapp
+from provisioner.smoke.target.ml import _planned
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,10 +199,10 @@ def test_every_workload_is_a_choice_of_the_role_and_runs_in_its_own_worker(scrip
     assert set(script.PROFILES["quick"]) == set(script.PROFILES["full"])
 
 
-def test_the_plan_values_reach_the_workers_and_their_absence_is_said(script):
-    assert script._planned({"plan": {"dataloader_workers": 0}}, "dataloader_workers", 3, "x") == (
+def test_the_plan_values_reach_the_workers_and_their_absence_is_said():
+    assert _planned({"plan": {"dataloader_workers": 0}}, "dataloader_workers", 3, "x") == (
         0, "the plan's dataloader_workers")
-    assert script._planned({"plan": {}}, "joblib_workers", 4, "the physical cores") == (
+    assert _planned({"plan": {}}, "joblib_workers", 4, "the physical cores") == (
         4, "the physical cores (the plan has no joblib_workers)")
 
 
@@ -211,22 +212,6 @@ def test_the_new_workloads_render_in_the_report_like_the_others(tuned):
         assert f"<h3>{group}</h3>" in page
     for cid in ("sklearn.threads", "features.polars", "matrix.cv", "dataloader.wait", "tensorflow.step"):
         assert f'check="{cid}"' in page
-
-
-def test_the_scorer_reads_the_thread_pools_of_the_process_it_runs_in(script, tmp_path):
-    import numpy as np
-    from threadpoolctl import threadpool_limits
-
-    class Always:
-        def predict(self, x):
-            return np.ones(len(x))
-
-    scorer = script._record_threads(str(tmp_path / "threads"))
-    with threadpool_limits(limits=1):
-        assert scorer(Always(), np.zeros((2, 1)), np.array([1.0, 0.0])) == 0.5
-    (written,) = tmp_path.glob("threads-*.json")
-    pools = json.loads(written.read_text())["pools"]
-    assert [p["num_threads"] for p in pools if p["user_api"] == "blas"] and all(p["num_threads"] == 1 for p in pools)
 
 
 # ---------------------------------------------------------------- what a user's code gets
@@ -263,41 +248,6 @@ def test_the_study_processes_get_what_ml_env_gives_a_trial(script, monkeypatch):
     with script._environ({"OMP_NUM_THREADS": "2", "PROVISIONER_THREADS": "2"}):
         assert (script.os.environ["OMP_NUM_THREADS"], script.os.environ["PROVISIONER_THREADS"]) == ("2", "2")
     assert script.os.environ["OMP_NUM_THREADS"] == "4" and "PROVISIONER_THREADS" not in script.os.environ
-
-
-PLAIN_SKLEARN = """
-import json, sys
-sys.path.insert(0, sys.argv[1])  # the zipapp: its workers' children import the workload code from it
-import provisioner.smoke
-from provisioner.smoke.target import parent as smoke
-assert provisioner.smoke.__file__.startswith(sys.argv[1]), provisioner.smoke.__file__
-smoke.PROFILES["quick"].update(sklearn_rows=2000, sklearn_trees=4, sklearn_grid_rows=1500, sklearn_grid_iter=2, sklearn_folds=2)
-print(json.dumps(smoke.w_sklearn({"profile": "quick", "mode": "tuned", "threads": 4, "workdir": sys.argv[3],
-                                  "plan": {"joblib_workers": 2}})))
-"""
-
-
-def test_the_workers_threads_check_catches_a_plain_search_that_oversubscribes(tmp_path):
-    """For real: the sklearn workload's plain GridSearchCV (n_jobs=2, no thread limit) under 4
-    exported threads and no start-up hook: joblib passes the 4 into both workers, and the check
-    that holds each worker to its share of 2 fails, naming the fix."""
-    import os
-    import subprocess
-    import sys
-
-    probe = tmp_path / "probe.py"
-    probe.write_text(PLAIN_SKLEARN)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_NUM_THREADS": "4", "OPENBLAS_NUM_THREADS": "4",
-           "MKL_NUM_THREADS": "4", "LOKY_MAX_CPU_COUNT": "4", "PROVISIONER_THREADS": "4"}
-    pyz = zipapp.build(tmp_path)
-    r = subprocess.run([sys.executable, str(probe), str(pyz), "-", str(tmp_path)], capture_output=True, text=True,
-                       timeout=300, env=env, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    sk = json.loads(r.stdout.strip().splitlines()[-1])
-    assert sk["grid"]["share"] == 2 and sk["grid"]["n_jobs"] == 2
-    c = by_id(smoke.evaluate({"mode": "tuned", "threads": 4, "results": {"sklearn": sk}}))["sklearn.threads"]
-    assert c.status == smoke.FAIL and c.reason.startswith("oversubscribed"), c.reason
-    assert c.figure == 4.0 and "provisioner up --tags mlstack,thread_env" in c.reason
 
 
 # The workers of a zipapp like the one the role ships: the archive's own entries, this __main__

@@ -50,7 +50,7 @@ from types import ModuleType
 from typing import Any
 
 from ..workloads import BY_NAME, WORKLOADS
-from .ml import _blas_threads, _data, _env_int, _missing, _planned, median
+from .ml import _blas_threads, _data, _env_int, _missing, median
 from .probe import configuration, core_cpus, cpu_busy, cpu_info, memory_devices, read
 
 SCHEMA = 1
@@ -100,22 +100,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
             "serving_calls": 20_000,
             "serving_seconds": 15,
             "serving_repeats": 3,
-        },
-    },
-    "sklearn": {
-        "quick": {
-            "sklearn_rows": 20_000,
-            "sklearn_trees": 20,
-            "sklearn_grid_rows": 10_000,
-            "sklearn_grid_iter": 5,
-            "sklearn_folds": 3,
-        },
-        "full": {
-            "sklearn_rows": 200_000,
-            "sklearn_trees": 100,
-            "sklearn_grid_rows": 100_000,
-            "sklearn_grid_iter": 20,
-            "sklearn_folds": 5,
         },
     },
     "cluster": {"quick": {}, "full": {}},
@@ -1399,129 +1383,11 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- workloads of real jobs
 
 
-def _record_threads(path: str):
-    """A GridSearchCV scorer that, inside whichever process scores, writes that process's thread pools
-    (threadpoolctl) to `path`-PID.json, then returns the accuracy."""
-
-    def scorer(estimator, x, y) -> float:
-        from threadpoolctl import threadpool_info
-
-        pools = [
-            {"user_api": i.get("user_api"), "internal_api": i.get("internal_api"), "num_threads": i.get("num_threads")}
-            for i in threadpool_info()
-        ]
-        with open(f"{path}-{os.getpid()}.json", "w", encoding="utf-8") as f:
-            json.dump({"pid": os.getpid(), "pools": pools}, f)
-        return float((estimator.predict(x) == y).mean())
-
-    return scorer
-
-
-def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
-    """scikit-learn: a RandomForest fit on all cores against one, and a GridSearchCV on the planned
-    loky workers against the same search run sequentially, with every worker's BLAS threads read
-    inside the worker (threadpoolctl)."""
-    missing = _missing("sklearn", "core")
-    if missing:
-        return missing
-    import glob
-    import warnings
-
-    import sklearn
-    from joblib import Parallel, delayed
-    from sklearn.ensemble import RandomForestClassifier
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.model_selection import GridSearchCV
-    from sklearn.neural_network import MLPClassifier
-
-    warnings.filterwarnings("ignore", category=ConvergenceWarning)
-    s = PROFILES[p["profile"]]
-    tuned = p["mode"] == "tuned"
-    cores = p["threads"]
-    x, y = _data(s["sklearn_rows"], 20, seed=21)
-    out: dict[str, Any] = {"sklearn": sklearn.__version__, "rows": s["sklearn_rows"], "trees": s["sklearn_trees"]}
-
-    forest: dict[str, Any] = {}
-    # All cores as a user asks for them (n_jobs=-1: loky's cpu_count(), which LOKY_MAX_CPU_COUNT caps).
-    for label, jobs in (("all", -1 if tuned else None), ("one", 1)):
-        times = []
-        for _ in range(2):
-            model = RandomForestClassifier(n_estimators=s["sklearn_trees"], max_depth=12, n_jobs=jobs, random_state=0)
-            t0 = time.perf_counter()
-            model.fit(x, y)
-            times.append(time.perf_counter() - t0)
-        forest[label] = {
-            "n_jobs": jobs or "library default (None: one)",
-            "times_s": times,
-            "row_trees_per_s": s["sklearn_rows"] * s["sklearn_trees"] / median(times),
-        }
-    out["forest"] = forest
-
-    workers, how = _planned(p, "joblib_workers", cores, "the physical cores")
-    gx, gy = _data(s["sklearn_grid_rows"], 64, seed=22)
-    grid: dict[str, list[Any]] = {"hidden_layer_sizes": [(64,), (128,)], "alpha": [1e-4, 1e-2]}
-    fits = len(grid["hidden_layer_sizes"]) * len(grid["alpha"]) * s["sklearn_folds"]
-    record = os.path.join(p["workdir"], "sklearn-threads")
-    base = MLPClassifier(max_iter=s["sklearn_grid_iter"], random_state=0)
-
-    # The share each loky worker must stay within: cores // n_jobs. The search is a user's plain
-    # code (no inner_max_num_threads, no threadpool_limits): what the workers run is what the
-    # environment gives them (joblib keeps a thread variable it finds in the environment; the ML
-    # environment's start-up hook gives each worker its share), read inside each worker.
-    share = max(1, cores // workers) if tuned else None
-
-    def search(n_jobs: int | None) -> float:
-        gs = GridSearchCV(base, grid, cv=s["sklearn_folds"], n_jobs=n_jobs, scoring=_record_threads(record), refit=False)
-        t0 = time.perf_counter()
-        gs.fit(gx, gy)
-        return time.perf_counter() - t0
-
-    # loky's workers start once and stay for the next call: started before the clock, as in a long search.
-    Parallel(n_jobs=workers if tuned else None)(delayed(abs)(i) for i in range(4 * workers))
-    for f in glob.glob(record + "-*.json"):
-        os.remove(f)
-    par_s = search(workers if tuned else None)
-    seen = []
-    for f in sorted(glob.glob(record + "-*.json")):
-        with open(f, encoding="utf-8") as fh:
-            seen.append(json.load(fh))
-        os.remove(f)
-    seq_s = search(1)
-    candidates = fits // s["sklearn_folds"]
-    out["grid"] = {
-        "estimator": f"MLPClassifier(max_iter={s['sklearn_grid_iter']})",
-        "grid": {k: [str(v) for v in vs] for k, vs in grid.items()},
-        "candidates": candidates,
-        "folds": s["sklearn_folds"],
-        "rows": s["sklearn_grid_rows"],
-        "n_jobs": workers if tuned else "library default (None: one)",
-        "n_jobs_how": how if tuned else "library default",
-        "inner_max_num_threads": "not set (a user's plain GridSearchCV)" if tuned else "library default",
-        "share": share,
-        "cores": cores,
-        "parallel_s": par_s,
-        "sequential_s": seq_s,
-        "parallel_per_min": candidates / par_s * 60,
-        "sequential_per_min": candidates / seq_s * 60,
-        "workers_seen": [
-            {
-                "pid": w["pid"],
-                "main": w["pid"] == os.getpid(),
-                "blas": [q["num_threads"] for q in w["pools"] if q["user_api"] == "blas"],
-                "openmp": [q["num_threads"] for q in w["pools"] if q["user_api"] == "openmp"],
-            }
-            for w in seen
-        ],
-    }
-    return out
-
-
 # The measuring functions each task names, until the workload's module holds them (its WORKERS).
 _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "gemm": {"gemm": w_gemm, "clock": w_clock},
     "hpo": {"hpo": w_hpo},
     "serving": {"serving_model": w_serving_model},
-    "sklearn": {"sklearn": w_sklearn},
     "cluster": {"cluster": w_cluster},
 }
 WORKERS = {task: fn for w in WORKLOADS for task, fn in (getattr(w, "WORKERS", None) or _LEGACY_WORKERS[w.NAME]).items()}
