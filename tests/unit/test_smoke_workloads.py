@@ -227,29 +227,6 @@ def test_no_workload_sets_a_thread_limit_a_users_code_would_not():
         assert limit not in source, limit
 
 
-def test_the_study_processes_get_what_ml_env_gives_a_trial(script, monkeypatch):
-    """The parallel study's processes start with the environment `ml-env --trials N --print` shows."""
-    import subprocess
-
-    printed = "# cores=4 (thread settings) trials=2 threads_per_trial=2\n# trial 0\nML_ENV_TRIAL=0 OMP_NUM_THREADS=2 PROVISIONER_THREADS=2\n# trial 1\nML_ENV_TRIAL=1 OMP_NUM_THREADS=2 PROVISIONER_THREADS=2\n"
-    calls = []
-
-    def run(argv, **kw):
-        calls.append(argv)
-        return subprocess.CompletedProcess(argv, 0, printed, "")
-
-    monkeypatch.setattr(script.shutil, "which", lambda name: "/usr/local/bin/ml-env" if name == "ml-env" else None)
-    env, how = script.ml_env_trial(2, run=run)
-    assert calls == [["/usr/local/bin/ml-env", "--trials", "2", "--print"]]
-    assert env == {"OMP_NUM_THREADS": "2", "PROVISIONER_THREADS": "2"} and how == "ml-env --trials 2"
-    monkeypatch.setattr(script.shutil, "which", lambda name: None)
-    assert script.ml_env_trial(2, run=run) == (None, "ml-env is not on PATH (role thread_env installs it)")
-    monkeypatch.setenv("OMP_NUM_THREADS", "4")
-    with script._environ({"OMP_NUM_THREADS": "2", "PROVISIONER_THREADS": "2"}):
-        assert (script.os.environ["OMP_NUM_THREADS"], script.os.environ["PROVISIONER_THREADS"]) == ("2", "2")
-    assert script.os.environ["OMP_NUM_THREADS"] == "4" and "PROVISIONER_THREADS" not in script.os.environ
-
-
 # The workers of a zipapp like the one the role ships: the archive's own entries, this __main__
 # (which adds the tasks below to the parent's) and the tasks as a module of the archive.
 CRASHING_MAIN = """

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import faulthandler
 import json
-import math
 import os
 import platform
 import pwd
@@ -50,7 +49,8 @@ from types import ModuleType
 from typing import Any
 
 from ..workloads import BY_NAME, WORKLOADS
-from .ml import _blas_threads, _data, _env_int, _missing, median
+from ..workloads.hpo import _hpo_queue, _trial, _trial_data
+from .ml import _blas_threads, _data, _missing, median
 from .probe import configuration, core_cpus, cpu_busy, cpu_info, memory_devices, read
 
 SCHEMA = 1
@@ -79,10 +79,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
     "gemm": {
         "quick": {"gemm_n": 2048, "gemm_repeats": 3},
         "full": {"gemm_n": 4096, "gemm_repeats": 5},
-    },
-    "hpo": {
-        "quick": {"hpo_rows": 100_000, "hpo_trees": 40, "hpo_trials_per_worker": 2},
-        "full": {"hpo_rows": 1_000_000, "hpo_trees": 100, "hpo_trials_per_worker": 4},
     },
     "serving": {
         "quick": {
@@ -919,236 +915,6 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_TRIAL_DATA: dict[int, Any] = {}
-
-
-def _trial_data(rows: int):
-    if rows not in _TRIAL_DATA:
-        _TRIAL_DATA[rows] = _data(rows, 28, seed=7)
-    return _TRIAL_DATA[rows]
-
-
-def _warm(args: tuple[int, str]) -> None:
-    """Start a pool process: import the libraries and make the data, as a long-lived trial worker has."""
-    rows, lib = args
-    __import__(lib)
-    __import__("optuna")
-    _trial_data(rows)
-    time.sleep(0.5)  # hold this worker so every process of the pool gets a warm-up of its own
-
-
-def _trial(args: tuple[dict[str, Any], int | None, int, int, str]) -> float:
-    """One hyperparameter trial: train on synthetic data with `threads` (None: library default), return its loss."""
-    params, threads, rows, trees, lib = args
-    import numpy as np
-
-    x, y = _trial_data(rows)
-    pred: Any  # the probabilities, as an array of whichever library
-    if lib == "lightgbm":
-        import lightgbm as lgb
-
-        extra = {"num_threads": threads} if threads else {}
-        booster = lgb.train(
-            {"objective": "binary", "verbose": -1, **params, **extra}, lgb.Dataset(x, label=y), num_boost_round=trees
-        )
-        pred = booster.predict(x[:10000])
-    elif lib == "sklearn":
-        from sklearn.ensemble import HistGradientBoostingClassifier
-
-        model = HistGradientBoostingClassifier(
-            max_iter=trees,
-            max_leaf_nodes=params["num_leaves"],
-            max_depth=params["max_depth"],
-            learning_rate=params["learning_rate"],
-            early_stopping=False,
-        )
-        pred = model.fit(x, y).predict_proba(x[:10000])[:, 1]
-    else:
-        import xgboost as xgb
-
-        extra = {"nthread": threads} if threads else {}
-        mapped = {"max_depth": params["max_depth"], "learning_rate": params["learning_rate"]}
-        xgb_booster = xgb.train(
-            {"tree_method": "hist", "objective": "binary:logistic", **mapped, **extra},
-            xgb.DMatrix(x, label=y),
-            num_boost_round=trees,
-        )
-        pred = xgb_booster.predict(xgb.DMatrix(x[:10000]))
-    eps = 1e-7
-    return float(-np.mean(y[:10000] * np.log(pred + eps) + (1 - y[:10000]) * np.log(1 - pred + eps)))
-
-
-def _journal(path: str):
-    """Optuna's journal storage on one file (no database): JournalFileBackend, JournalFileStorage before Optuna 4."""
-    import optuna
-
-    try:
-        from optuna.storages.journal import JournalFileBackend
-    except ImportError:  # Optuna 3
-        return optuna.storages.JournalStorage(optuna.storages.JournalFileStorage(path)), "JournalFileStorage"
-    return optuna.storages.JournalStorage(JournalFileBackend(path)), "JournalFileBackend"
-
-
-def _study_process(args: tuple[str, int, int | None, int, int, str, int]) -> int:
-    """One process of the study: load it from the shared journal file and run `n` trials in it."""
-    path, n, threads, rows, trees, lib, seed = args
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name="smoke", storage=_journal(path)[0], sampler=optuna.samplers.TPESampler(seed=seed))
-
-    def objective(trial) -> float:
-        trial.set_user_attr("pid", os.getpid())
-        params = {
-            "num_leaves": trial.suggest_int("num_leaves", 15, 255),
-            "max_depth": trial.suggest_int("max_depth", 4, 10),
-            "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
-        }
-        return _trial((params, threads, rows, trees, lib))
-
-    # The enqueued parameter sets come first, each taken by exactly one process through the journal.
-
-    study.optimize(objective, n_trials=n)
-    return n
-
-
-def _hpo_queue(count: int) -> list[dict[str, Any]]:
-    """The study's parameter sets, the same in every run (enqueued in order)."""
-    rng = random.Random(0)
-    return [
-        {
-            "num_leaves": rng.randint(15, 255),
-            "max_depth": rng.randint(4, 10),
-            "learning_rate": round(math.exp(rng.uniform(math.log(0.02), math.log(0.3))), 4),
-        }
-        for _ in range(count)
-    ]
-
-
-def ml_env_trial(trials: int, run=subprocess.run) -> tuple[dict[str, str] | None, str]:
-    """The thread variables `ml-env --trials N` gives a trial, from ml-env itself (--print), or
-    None and why: how a user runs N processes of a study (`ml-env --trials N -- python tune.py`)."""
-    exe = shutil.which("ml-env")
-    if exe is None:
-        return None, "ml-env is not on PATH (role thread_env installs it)"
-    r = run([exe, "--trials", str(trials), "--print"], capture_output=True, text=True, timeout=60)
-    rows = [line.split() for line in r.stdout.splitlines() if line.strip() and not line.startswith("#")]
-    if r.returncode != 0 or not rows:
-        return None, f"ml-env --trials {trials} --print failed: {(r.stderr or r.stdout).strip()[:200]}"
-    env = dict(word.split("=", 1) for word in rows[0] if "=" in word)
-    env.pop("ML_ENV_TRIAL", None)
-    return env, f"ml-env --trials {trials}"
-
-
-@contextlib.contextmanager
-def _environ(extra: dict[str, str] | None):
-    """os.environ with `extra` set (processes started inside inherit it), restored afterwards."""
-    saved = {k: os.environ.get(k) for k in extra or {}}
-    os.environ.update(extra or {})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
-    """A real Optuna study: N processes share one journal file, each with the environment `ml-env
-    --trials N` gives a trial (its share of the cores), against the same study run by one process
-    and against every process on the login shell's threads (every core each). No trial passes a
-    thread count: the libraries take what the environment says, as in a user's objective."""
-    import importlib.util
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    missing = _missing("optuna", "hpo")
-    if missing:
-        return missing
-    import optuna
-
-    s = PROFILES[p["profile"]]
-    lib = "lightgbm" if importlib.util.find_spec("lightgbm") else "xgboost" if importlib.util.find_spec("xgboost") else None
-    if lib is None:
-        return {"skipped": "neither lightgbm nor xgboost is installed (component gbdt)"}
-    workers = max(1, p["trials"])
-    cores = p["threads"]
-    each = s["hpo_trials_per_worker"]
-    tuned = p["mode"] == "tuned"
-    ctx = mp.get_context("spawn")
-    backend = _journal(os.path.join(p["workdir"], "probe.journal"))[1]
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # Every run evaluates the same parameter sets in the same order (enqueued in its study), so
-    # the runs differ only in how the trials share the cores.
-    queue = _hpo_queue(workers * each)
-
-    def study_run(label: str, procs: int, env: dict[str, str] | None, threads: int | str, per_proc: int) -> dict[str, Any]:
-        path = os.path.join(p["workdir"], f"hpo-{label}.journal")
-        study = optuna.create_study(study_name="smoke", storage=_journal(path)[0], direction="minimize")
-        for params in queue[: procs * per_proc]:
-            study.enqueue_trial(params)
-        jobs = [(path, per_proc, None, s["hpo_rows"], s["hpo_trees"], lib, i) for i in range(procs)]
-        if procs == 1:
-            _warm((s["hpo_rows"], lib))
-            t0 = time.perf_counter()
-            _study_process(jobs[0])
-            secs = time.perf_counter() - t0
-        else:
-            # Started and warmed before the clock runs: a study's workers live for many trials.
-            # Each process starts with `env` (ml-env's trial environment), as ml-env would start it.
-            with ProcessPoolExecutor(max_workers=procs, mp_context=ctx) as pool:
-                with _environ(env):
-                    list(pool.map(_warm, [(s["hpo_rows"], lib)] * procs))
-                t0 = time.perf_counter()
-                list(pool.map(_study_process, jobs))
-                secs = time.perf_counter() - t0
-        study = optuna.load_study(study_name="smoke", storage=_journal(path)[0])
-        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        return {
-            "procs": procs,
-            "threads_each": threads,
-            "seconds": secs,
-            "trials": len(done),
-            "trials_expected": procs * per_proc,
-            "processes_seen": len({t.user_attrs.get("pid") for t in done}),
-            "best_loss": min((t.value for t in done), default=None),
-            "journal_bytes": os.path.getsize(path),
-            "trials_per_min": len(done) / secs * 60,
-        }
-
-    runs: dict[str, Any] = {}
-    # One process: the login shell's threads (the plan's count when tuned, library defaults in a baseline).
-    alone = _env_int("OMP_NUM_THREADS") if tuned else "library default"
-    how = "library default"
-    if workers > 1:
-        # planned: N processes as `ml-env --trials N` starts them (baseline: the library defaults)
-        trial_env, how = ml_env_trial(workers) if tuned else (None, "library default")
-        shown = int(trial_env["OMP_NUM_THREADS"]) if trial_env and trial_env.get("OMP_NUM_THREADS", "").isdigit() else alone
-        runs["parallel"] = study_run("parallel", workers, trial_env, shown, each)
-        runs["sequential"] = study_run("sequential", 1, None, alone, workers * each)
-        # The login shell's threads in every process: each trial takes every core. One trial per
-        # process is enough to show it: oversubscribed runs can be very slow.
-        runs["oversubscribed"] = study_run("oversubscribed", workers, None, alone, 1)
-    else:
-        runs["sequential"] = study_run("sequential", 1, None, alone, each)
-    return {
-        "library": lib,
-        "sampler": f"optuna {optuna.__version__}, the same enqueued parameter sets in every run, one journal file per study ({backend})",
-        "storage": backend,
-        "trials": workers * each,
-        "workers": workers,
-        "cores": cores,
-        "processes_how": how,
-        "rows": s["hpo_rows"],
-        "trees": s["hpo_trees"],
-        "runs": runs,
-        "best_loss": min((r["best_loss"] for r in runs.values() if r["best_loss"] is not None), default=None),
-    }
-
-
 def _suggest(trial) -> dict[str, Any]:
     """The hpo workload's search space (its enqueued parameter sets come out first)."""
     return {
@@ -1386,7 +1152,6 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
 # The measuring functions each task names, until the workload's module holds them (its WORKERS).
 _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "gemm": {"gemm": w_gemm, "clock": w_clock},
-    "hpo": {"hpo": w_hpo},
     "serving": {"serving_model": w_serving_model},
     "cluster": {"cluster": w_cluster},
 }
