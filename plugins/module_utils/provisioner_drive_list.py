@@ -381,7 +381,11 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
                 device["mountpoints"].append("[SWAP]")
                 device["mounted"] = True
         device["signature_probe"] = "skipped"
-        if probe and root == "/" and not device["mounted"] and hasattr(os, "geteuid") and os.geteuid() == 0:
+        # A drive mounted as a whole (a filesystem on the drive itself, as storage makes them) is probed
+        # too: its filesystem's UUID is how the plan knows the data array it built (lsblk shows none
+        # without a udev database, as in containers, nor does /sys/fs/btrfs there).
+        whole_mount = device["mounted"] and not device["partitions"] and "[SWAP]" not in device["mountpoints"]
+        if probe and root == "/" and (not device["mounted"] or whole_mount) and hasattr(os, "geteuid") and os.geteuid() == 0:
             found, device["signature_probe"], uuid = probe_device(device["path"])
             device["uuid"] = device["uuid"] or uuid
             for signature in found:

@@ -36,7 +36,8 @@ options:
     default: /
   probe_signatures:
     description:
-      - Also probe each unmounted whole disk with C(blkid -p) (root only) for signatures lsblk may not know
+      - Also probe each unmounted whole disk, and each disk mounted as a whole (no partitions), with C(blkid -p)
+        (root only) for signatures and the filesystem UUID lsblk may not know
         (no udev database, as in containers), so that no drive holding data is ever taken for unused.
       - Each device says how in C(signature_probe) (C(ok), C(failed) or C(skipped)); the plan never proposes
         a drive whose probe failed.
