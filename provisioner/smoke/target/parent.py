@@ -49,7 +49,6 @@ from types import ModuleType
 from typing import Any
 
 from ..workloads import BY_NAME, WORKLOADS
-from ..workloads.hpo import _hpo_queue, _trial, _trial_data
 from .ml import _blas_threads, _data, _missing, median
 from .probe import configuration, core_cpus, cpu_busy, cpu_info, memory_devices, read
 
@@ -98,7 +97,6 @@ _LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {
             "serving_repeats": 3,
         },
     },
-    "cluster": {"quick": {}, "full": {}},
 }
 
 TIMEOUT = {"quick": 900, "full": 7200}  # seconds, one worker
@@ -113,12 +111,10 @@ PROFILES: dict[str, dict[str, Any]] = {
     profile: {**{k: v for w in WORKLOADS for k, v in _sizes(w)[profile].items()}, "timeout": TIMEOUT[profile]}
     for profile in PROFILE_NAMES
 }
-# Run only when named (--only): the distributed trials on a Ray cluster, driven from its head.
-_LEGACY_ONLY_WHEN_NAMED = ("cluster",)
 
 
 def _only_when_named(workload: ModuleType) -> bool:
-    return bool(getattr(workload, "ONLY_WHEN_NAMED", False)) or workload.NAME in _LEGACY_ONLY_WHEN_NAMED
+    return bool(getattr(workload, "ONLY_WHEN_NAMED", False))
 
 
 TASKS = tuple(w.NAME for w in WORKLOADS if not _only_when_named(w))
@@ -354,11 +350,6 @@ def gemm(runner: Runner) -> dict[str, Any]:
     # Right after the DGEMM runs: the clock counted in cycles, on one core and on all at once.
     result["clock_loop"] = runner.worker("clock")
     return result
-
-
-def cluster(runner: Runner) -> dict[str, Any]:
-    """The distributed trials, driven from the Ray head: its node's configuration says where the cluster is."""
-    return runner.worker("cluster", ray_config=runner.args.ray_config)
 
 
 # ---------------------------------------------------------------- serving (root: the server and wrk)
@@ -915,156 +906,6 @@ def w_gemm(p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _suggest(trial) -> dict[str, Any]:
-    """The hpo workload's search space (its enqueued parameter sets come out first)."""
-    return {
-        "num_leaves": trial.suggest_int("num_leaves", 15, 255),
-        "max_depth": trial.suggest_int("max_depth", 4, 10),
-        "learning_rate": trial.suggest_float("learning_rate", 0.02, 0.3, log=True),
-    }
-
-
-def _cluster_where() -> dict[str, Any]:
-    """Inside a Ray task: its node, process and the OMP_NUM_THREADS Ray gave it."""
-    import ray
-
-    return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "omp": os.environ.get("OMP_NUM_THREADS")}
-
-
-def _cluster_warm(rows: int, lib: str) -> dict[str, Any]:
-    """Inside a Ray task: import the library and make the data, as a long-lived trial worker has."""
-    __import__("sklearn.ensemble" if lib == "sklearn" else lib)
-    _trial_data(rows)
-    time.sleep(0.5)  # hold this worker so every CPU of the run gets a warm-up of its own
-    return _cluster_where()
-
-
-def _cluster_trial(params: dict[str, Any], rows: int, trees: int, lib: str) -> dict[str, Any]:
-    """Inside a Ray task: one trial with the library's default threads (what the task's reservation
-    gives it), and the OpenMP and BLAS threads its libraries run, as threadpoolctl reads them."""
-    from threadpoolctl import threadpool_info
-
-    where = _cluster_where()
-    t0 = time.perf_counter()
-    loss = _trial((params, None, rows, trees, lib))
-    pools = threadpool_info()
-    where.update(
-        loss=loss,
-        seconds=time.perf_counter() - t0,
-        threads=max((pool["num_threads"] for pool in pools if pool.get("user_api") == "openmp"), default=None),
-        blas_threads=max((pool["num_threads"] for pool in pools if pool.get("user_api") == "blas"), default=None),
-    )
-    return where
-
-
-def w_cluster(p: dict[str, Any]) -> dict[str, Any]:
-    """The hpo workload's study on a Ray cluster (role ray), driven from its head: every trial a Ray
-    task reserving the plan's CPUs per trial, spread over every node, then the same trials on the
-    head alone. An in-memory Optuna study asks and tells on the driver (one writer, no journal)."""
-    import importlib.util
-
-    missing = _missing("ray", "distributed") or _missing("optuna", "hpo")
-    if missing:
-        return missing
-    import optuna
-    import ray
-    import ray.cloudpickle
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    with open(p["ray_config"], encoding="utf-8") as f:
-        cfg = json.load(f)
-    s = PROFILES[p["profile"]]
-    lib = next((m for m in ("lightgbm", "xgboost") if importlib.util.find_spec(m)), "sklearn")
-    per_trial = int(cfg.get("trial_cpus") or 1)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # The other nodes have no copy of this archive: the trials go to them by value, as functions of
-    # a __main__ script did, not by a reference to a module they cannot import.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__.split(".")[0]])
-    ray.init(address=cfg["address"], _node_ip_address=cfg["node_address"], logging_level="WARNING", log_to_driver=False)
-    try:
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        names = {n["NodeID"]: n.get("NodeName") or n["NodeManagerAddress"] for n in alive}
-        head = next((n["NodeID"] for n in alive if n["NodeManagerAddress"] == cfg["node_address"]), None)
-        if head is None:
-            return {"error": f"cluster: the head {cfg['node_address']} is not among the cluster's nodes"}
-        slots = {n["NodeID"]: int(n["Resources"].get("CPU", 0)) // per_trial for n in alive}
-        count = sum(slots.values()) * s["hpo_trials_per_worker"]
-        queue = _hpo_queue(count)
-        trial = ray.remote(num_cpus=per_trial)(_cluster_trial)
-        warm = ray.remote(num_cpus=per_trial)(_cluster_warm)
-
-        def study_run(strategy: Any, warm_tasks: int) -> dict[str, Any]:
-            study = optuna.create_study(direction="minimize")
-            for params in queue:
-                study.enqueue_trial(params)
-            # Every CPU slot's worker started and warmed before the clock runs.
-            ray.get([warm.options(scheduling_strategy=strategy).remote(s["hpo_rows"], lib) for _ in range(warm_tasks)])
-            t0 = time.perf_counter()
-            asked = [study.ask() for _ in range(count)]
-            refs = [
-                trial.options(scheduling_strategy=strategy).remote(_suggest(t), s["hpo_rows"], s["hpo_trees"], lib) for t in asked
-            ]
-            done, errors = [], []
-            for t, ref in zip(asked, refs, strict=True):
-                try:
-                    r = ray.get(ref)
-                except Exception as exc:  # a lost trial is the finding
-                    study.tell(t, state=optuna.trial.TrialState.FAIL)
-                    errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-                    continue
-                study.tell(t, r["loss"])
-                done.append(r)
-            secs = time.perf_counter() - t0
-            per_node: dict[str, int] = {}
-            for r in done:
-                per_node[names.get(r["node"], r["node"])] = per_node.get(names.get(r["node"], r["node"]), 0) + 1
-            return {
-                "trials": len(done),
-                "trials_expected": count,
-                "seconds": secs,
-                "trials_per_min": len(done) / secs * 60 if secs > 0 else None,
-                "per_node": per_node,
-                "processes_seen": len({(r["node"], r["pid"]) for r in done}),
-                "threads_seen": sorted({r["threads"] for r in done if r["threads"] is not None}),
-                "blas_threads_seen": sorted({r["blas_threads"] for r in done if r["blas_threads"] is not None}),
-                "omp_seen": sorted({r["omp"] or "unset" for r in done}),
-                "best_loss": min((r["loss"] for r in done), default=None),
-                "errors": errors[:5],
-            }
-
-        runs = {
-            "cluster": study_run("SPREAD", sum(slots.values())),
-            "head": study_run(NodeAffinitySchedulingStrategy(node_id=head, soft=False), slots[head]),
-        }
-        nodes = [
-            {
-                "name": names[n["NodeID"]],
-                "address": n["NodeManagerAddress"],
-                "head": n["NodeID"] == head,
-                "cpus": n["Resources"].get("CPU"),
-                "memory_bytes": n["Resources"].get("memory"),
-                "object_store_bytes": n["Resources"].get("object_store_memory"),
-            }
-            for n in alive
-        ]
-    finally:
-        ray.shutdown()
-    return {
-        "library": lib,
-        "ray": ray.__version__,
-        "optuna": optuna.__version__,
-        "trial_cpus": per_trial,
-        "members": cfg.get("members", []),
-        "member_addresses": cfg.get("member_addresses", []),
-        "nodes": nodes,
-        "trials": count,
-        "rows": s["hpo_rows"],
-        "trees": s["hpo_trees"],
-        "runs": runs,
-        "sampler": "the hpo workload's enqueued parameter sets, asked and told by one in-memory Optuna study on the head",
-    }
-
-
 def _serve_module(path: str):
     """The model server's own code as a module: its registry, loader and predict path."""
     import importlib.util
@@ -1153,14 +994,12 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
 _LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
     "gemm": {"gemm": w_gemm, "clock": w_clock},
     "serving": {"serving_model": w_serving_model},
-    "cluster": {"cluster": w_cluster},
 }
 WORKERS = {task: fn for w in WORKLOADS for task, fn in (getattr(w, "WORKERS", None) or _LEGACY_WORKERS[w.NAME]).items()}
 # The root parent's step of a workload, until its module holds it (its drive).
 _LEGACY_DRIVES: dict[str, Callable[[Runner], dict[str, Any]]] = {
     "gemm": gemm,
     "serving": serving,
-    "cluster": cluster,
 }
 
 
