@@ -113,10 +113,8 @@ def _plain(value):
 
 
 class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
+    # Runs on the controller only (ActionBase's defaults: no file transfer, check mode, no async).
     _requires_connection = False
-    _supports_check_mode = True
-    _supports_async = False
 
     def run(self, tmp=None, task_vars=None):
         task_vars = task_vars or {}
