@@ -5,7 +5,8 @@ on the cluster against the head alone.
 
 Boots ray-bench-h (group ray_head), ray-bench-w1 and ray-bench-w2 (group ray_workers) in
 parallel, sets them up once with `provisioner up --tags common,mlstack,thread_env,ray` (the
-selection of tests/integration/test_ray.py: core, hpo and distributed from the wheelhouse), then
+selection of tests/integration/test_ray.py, taken from it: core, hpo, distributed and serving from the
+wheelhouse), then
 --runs times:
 
 - start to joined: every node's provisioner-ray.service stopped, then started on all three at
@@ -22,6 +23,7 @@ one; what the run shows is that every trial ran, on every node, single-threaded.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shlex
 import statistics
@@ -38,7 +40,12 @@ from provisioner import bundle, lab
 CLI = [sys.executable, "-c", "from provisioner.cli import main; main()"]
 HEAD, WORKERS = "ray-bench-h", ("ray-bench-w1", "ray-bench-w2")
 NAMES = (HEAD, *WORKERS)
-COMPONENTS = ["core", "hpo", "distributed"]
+# The cluster's selection is the integration test's own, so the figures are of what it proves.
+_spec = importlib.util.spec_from_file_location("test_ray", Path(__file__).resolve().parents[1] / "tests/integration/test_ray.py")
+assert _spec is not None and _spec.loader is not None
+_test_ray = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_test_ray)
+COMPONENTS, selection = _test_ray.COMPONENTS, _test_ray.selection
 
 # On the head as the ML user: Ray imported first (its import takes seconds on a loaded machine
 # and is no part of the cluster's start), then "ready"; on a line from stdin (the units were
@@ -126,22 +133,11 @@ def main() -> int:
         groups = {"ray_head": {"hosts": {HEAD: hosts[HEAD]}}, "ray_workers": {"hosts": {w: hosts[w] for w in WORKERS}}}
         inventory.write_text(yaml.safe_dump({"all": {"children": groups}}, sort_keys=False))
         t0 = time.monotonic()
-        rc, envelope = cli_json(
-            "up",
-            "-i",
-            str(inventory),
-            "--tags",
-            "common,mlstack,thread_env,ray",
-            "--no-verify",
-            "-e",
-            f"mlstack_wheelhouse={wheelhouse}",
-            "-e",
-            f"mlstack_components=[{','.join(COMPONENTS)}]",
-        )
+        rc, envelope = cli_json("up", "-i", str(inventory), *selection(wheelhouse))
         if rc != 0:
             raise SystemExit(f"up failed ({rc}): {envelope['errors']}")
         print(
-            f"first up of the 3 servers (common, mlstack core+hpo+distributed, thread_env, ray): {time.monotonic() - t0:.0f} s",
+            f"first up of the 3 servers (common, mlstack {'+'.join(COMPONENTS)}, thread_env, ray): {time.monotonic() - t0:.0f} s",
             flush=True,
         )
         joins, cluster, head, ratios = [], [], [], []
