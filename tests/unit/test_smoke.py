@@ -11,9 +11,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import smoke_script
 
 from provisioner import report, smoke
+from provisioner.smoke.workloads import serving
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,11 +175,6 @@ def test_a_result_file_from_before_the_counted_clock_judges_as_before(raw):
     # Older still: no cpufreq field at all, the clock under load is taken as it was.
     del raw["cpu"]["cpufreq"]
     assert smoke.clock_ghz(raw, "one")[0] == pytest.approx(2.596122)
-
-
-@pytest.fixture
-def script():
-    return smoke_script.load()
 
 
 def test_dram_limit_comes_from_the_dimms_or_there_is_no_ratio(raw):
@@ -444,22 +439,6 @@ def set_level(result: dict, connections: int, wrk: dict) -> None:
     lv["requests"] = wrk["requests"]
 
 
-def test_wrk_output_is_parsed_with_its_units(script):
-    ok = script.parse_wrk((DATA / "wrk_c8_ok.txt").read_text())
-    assert ok["requests_per_s"] == pytest.approx(2869.90)
-    assert (ok["p50_ms"], ok["p75_ms"], ok["p90_ms"], ok["p99_ms"]) == pytest.approx((2.46, 2.92, 4.43, 6.58))
-    assert ok["requests"] == 8895 and ok["seconds"] == pytest.approx(3.10)
-    assert ok["mean_ms"] == pytest.approx(2.81) and ok["max_ms"] == pytest.approx(12.93)
-    assert ok["socket_errors"] == {} and ok["non_2xx"] == 0
-    missing = script.parse_wrk((DATA / "wrk_c8_404.txt").read_text())  # an unknown model: every answer a 404
-    assert missing["non_2xx"] == missing["requests"] == 25720
-    assert missing["p50_ms"] == pytest.approx(0.506) and missing["mean_ms"] == pytest.approx(0.71803)  # µs -> ms
-    drained = script.parse_wrk((DATA / "wrk_c32_drained.txt").read_text())  # the server stopped under load
-    assert drained["socket_errors"] == {"connect": 0, "read": 0, "write": 68756, "timeout": 0}
-    with pytest.raises(ValueError, match="no Requests/sec line: unable to connect"):
-        script.parse_wrk("unable to connect to 127.0.0.1:18939 Connection refused\n")
-
-
 def test_serving_requests_per_second_are_held_against_the_in_process_rate_times_the_cores(served):
     _base, tuned = served
     c = by_id(smoke.evaluate(tuned))
@@ -497,9 +476,9 @@ def test_serving_p99_over_the_budget_warns_then_fails(served):
 
 @pytest.mark.parametrize("capture", ["wrk_c8_404.txt", "wrk_c32_drained.txt"])
 @pytest.mark.parametrize("connections", [1, 32])
-def test_any_failed_request_at_any_level_fails_serving(served, script, capture, connections):
+def test_any_failed_request_at_any_level_fails_serving(served, capture, connections):
     _, tuned = served
-    set_level(tuned, connections, script.parse_wrk((DATA / capture).read_text()))
+    set_level(tuned, connections, serving.parse_wrk((DATA / capture).read_text()))
     c = by_id(smoke.evaluate(tuned))
     assert c["serving.errors"].status == smoke.FAIL and c["serving.errors"].figure > 0
     assert f"{connections} connections:" in c["serving.errors"].reason
@@ -659,56 +638,6 @@ def test_the_configuration_alone_in_baseline_mode_is_refused_before_any_host_is_
 def test_a_good_price_passes_the_option_checks(options_run):
     checks = [(name, h) for name, h in options_run.results(GOOD_PRICE) if name.startswith("smoke : Check smoke_")]
     assert len(checks) == 3 and not any(h.get("failed") for _, h in checks)
-
-
-def test_the_throwaway_servers_workers_come_from_the_plan_or_the_naive_setup(script):
-    import os
-
-    plan = {"workers": 2, "threads_per_worker": 1, "worker_cpus": [[0, 2], [1, 3]]}
-    workers, how = script.serving_workers("tuned", plan)
-    assert workers == [{"index": 0, "cpus": [0, 2], "threads": 1}, {"index": 1, "cpus": [1, 3], "threads": 1}]
-    assert "2 workers x 1 thread" in how
-    with pytest.raises(RuntimeError, match="the plan has no serving section"):
-        script.serving_workers("tuned", None)
-    allowed = sorted(os.sched_getaffinity(0))
-    workers, how = script.serving_workers("baseline", plan)  # the naive setup ignores the plan
-    assert workers == [{"index": 0, "cpus": allowed, "threads": len(allowed)}] and "one worker" in how
-
-
-def test_a_deployed_server_is_measured_only_when_worker_0_says_ready(script, tmp_path):
-    assert script.deployed_server(str(tmp_path / "none.json")) == (None, f"no deployed model server ({tmp_path / 'none.json'} does not exist)")
-    port = script.free_ports(1)  # nothing listens there
-    cfg = tmp_path / "serving.json"
-    cfg.write_text(json.dumps({"schema": 1, "registry": str(tmp_path), "listen": "127.0.0.1", "port": 1, "admin_port_base": port}))
-    target, why = script.deployed_server(str(cfg))
-    assert target is None and f"worker 0 is not ready on 127.0.0.1:{port}" in why
-    cfg.write_text("{")
-    assert "cannot be read" in script.deployed_server(str(cfg))[1]
-
-
-def test_without_wrk_the_serving_workload_is_skipped_naming_the_package(script, monkeypatch):
-    monkeypatch.setattr(script.shutil, "which", lambda name: None)
-    assert script.serving(None) == {"skipped": "wrk is not installed (the Debian package wrk; role common installs it)"}
-
-
-@pytest.mark.parametrize("absent", ["starlette", "uvicorn", "prometheus_client"])
-def test_without_the_serving_component_the_serving_workload_is_skipped_naming_it(script, monkeypatch, absent):
-    """The default stack (core, gbdt) has no HTTP layer: a skip naming the component, not a failure."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == absent else real(name, *a))
-    result = script.w_serving_model({"profile": "quick", "serve_script": "unused", "train": True})
-    assert result == {"skipped": f"{absent} is not installed in this environment (component serving)"}
-
-
-def test_free_ports_are_consecutive_and_free(script):
-    import socket
-
-    base = script.free_ports(3)
-    for port in range(base, base + 3):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", port))
 
 
 def test_a_config_only_run_measures_no_workload_and_needs_no_ml_environment(tmp_path):

@@ -276,7 +276,7 @@ def children_import_the_archive(p):
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
     from joblib import Parallel, delayed
-    from provisioner.smoke.target.parent import median
+    from provisioner.smoke.target.ml import median
 
     with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as pool:
         spawn = list(pool.map(where, range(2))) + list(pool.map(median, [[1.0, 3.0]]))

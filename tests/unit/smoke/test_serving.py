@@ -1,0 +1,79 @@
+"""The serving workload's target code: wrk's output, the throwaway server's workers, the deployed
+server's readiness, the skips, the free ports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provisioner.smoke.workloads import serving
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_wrk_output_is_parsed_with_its_units():
+    ok = serving.parse_wrk((DATA / "wrk_c8_ok.txt").read_text())
+    assert ok["requests_per_s"] == pytest.approx(2869.90)
+    assert (ok["p50_ms"], ok["p75_ms"], ok["p90_ms"], ok["p99_ms"]) == pytest.approx((2.46, 2.92, 4.43, 6.58))
+    assert ok["requests"] == 8895 and ok["seconds"] == pytest.approx(3.10)
+    assert ok["mean_ms"] == pytest.approx(2.81) and ok["max_ms"] == pytest.approx(12.93)
+    assert ok["socket_errors"] == {} and ok["non_2xx"] == 0
+    missing = serving.parse_wrk((DATA / "wrk_c8_404.txt").read_text())  # an unknown model: every answer a 404
+    assert missing["non_2xx"] == missing["requests"] == 25720
+    assert missing["p50_ms"] == pytest.approx(0.506) and missing["mean_ms"] == pytest.approx(0.71803)  # µs -> ms
+    drained = serving.parse_wrk((DATA / "wrk_c32_drained.txt").read_text())  # the server stopped under load
+    assert drained["socket_errors"] == {"connect": 0, "read": 0, "write": 68756, "timeout": 0}
+    with pytest.raises(ValueError, match="no Requests/sec line: unable to connect"):
+        serving.parse_wrk("unable to connect to 127.0.0.1:18939 Connection refused\n")
+
+
+def test_the_throwaway_servers_workers_come_from_the_plan_or_the_naive_setup():
+    import os
+
+    plan = {"workers": 2, "threads_per_worker": 1, "worker_cpus": [[0, 2], [1, 3]]}
+    workers, how = serving.serving_workers("tuned", plan)
+    assert workers == [{"index": 0, "cpus": [0, 2], "threads": 1}, {"index": 1, "cpus": [1, 3], "threads": 1}]
+    assert "2 workers x 1 thread" in how
+    with pytest.raises(RuntimeError, match="the plan has no serving section"):
+        serving.serving_workers("tuned", None)
+    allowed = sorted(os.sched_getaffinity(0))
+    workers, how = serving.serving_workers("baseline", plan)  # the naive setup ignores the plan
+    assert workers == [{"index": 0, "cpus": allowed, "threads": len(allowed)}] and "one worker" in how
+
+
+def test_a_deployed_server_is_measured_only_when_worker_0_says_ready(tmp_path):
+    assert serving.deployed_server(str(tmp_path / "none.json")) == (None, f"no deployed model server ({tmp_path / 'none.json'} does not exist)")
+    port = serving.free_ports(1)  # nothing listens there
+    cfg = tmp_path / "serving.json"
+    cfg.write_text(json.dumps({"schema": 1, "registry": str(tmp_path), "listen": "127.0.0.1", "port": 1, "admin_port_base": port}))
+    target, why = serving.deployed_server(str(cfg))
+    assert target is None and f"worker 0 is not ready on 127.0.0.1:{port}" in why
+    cfg.write_text("{")
+    assert "cannot be read" in serving.deployed_server(str(cfg))[1]
+
+
+def test_without_wrk_the_serving_workload_is_skipped_naming_the_package(monkeypatch):
+    monkeypatch.setattr(serving.shutil, "which", lambda name: None)
+    assert serving.drive(None) == {"skipped": "wrk is not installed (the Debian package wrk; role common installs it)"}
+
+
+@pytest.mark.parametrize("absent", ["starlette", "uvicorn", "prometheus_client"])
+def test_without_the_serving_component_the_serving_workload_is_skipped_naming_it(monkeypatch, absent):
+    """The default stack (core, gbdt) has no HTTP layer: a skip naming the component, not a failure."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == absent else real(name, *a))
+    result = serving.w_serving_model({"profile": "quick", "serve_script": "unused", "train": True})
+    assert result == {"skipped": f"{absent} is not installed in this environment (component serving)"}
+
+
+def test_free_ports_are_consecutive_and_free():
+    import socket
+
+    base = serving.free_ports(3)
+    for port in range(base, base + 3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
