@@ -59,13 +59,20 @@ def test_a_skipped_or_failed_workload_is_one_check_naming_why():
 
 
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.NAME)
-def test_a_workload_that_holds_its_target_code_has_the_interface_the_target_calls(workload):
-    """SIZES for both profiles with the same keys, each prefixed as today's PROFILES; WORKERS: task ->
-    measuring function; drive: the root parent's step. (A workload not moved yet has none of them.)"""
-    sizes = getattr(workload, "SIZES", None)
-    if sizes is None:
-        assert not hasattr(workload, "WORKERS") and not hasattr(workload, "drive")
-        return
+def test_each_workload_has_the_interface_the_target_calls(workload):
+    """SIZES for both profiles with the same keys; WORKERS: task -> measuring function; drive, where
+    it has one: the root parent's step."""
+    sizes = workload.SIZES
     assert list(sizes) == ["quick", "full"] and list(sizes["quick"]) == list(sizes["full"])
     assert workload.WORKERS and all(callable(f) for f in workload.WORKERS.values())
     assert callable(getattr(workload, "drive", callable))
+
+
+def test_the_target_runs_every_workload_once_and_each_task_has_one_owner():
+    from provisioner.smoke.workloads import CLUSTER_TASKS, PROFILES, TASKS, WORKERS
+
+    assert sorted(TASKS + CLUSTER_TASKS) == sorted(BY_NAME) and not set(TASKS) & set(CLUSTER_TASKS)
+    owners = [task for w in WORKLOADS for task in w.WORKERS]
+    assert len(owners) == len(set(owners)) == len(WORKERS)
+    keys = [k for w in WORKLOADS for k in w.SIZES["quick"]]
+    assert len(keys) == len(set(keys)) and list(PROFILES["quick"]) == [*keys, "timeout"]

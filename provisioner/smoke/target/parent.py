@@ -38,11 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
-from ..workloads import BY_NAME, WORKLOADS
+from ..workloads import BY_NAME, CLUSTER_TASKS, PROFILES, TASKS, WORKERS
 from .ml import _missing
 from .probe import configuration, cpu_busy, cpu_info, memory_devices
 
@@ -63,37 +61,7 @@ WORKLOAD_PLAN_VALUES = (
     "feature_matrix_bytes",
 )
 
-# Workload sizes. quick: about 90 s on a 2-core machine; full: the scale of real jobs
-# (XGBoost hist on 10M rows, 100 trees, depth 10: the GBM-perf Airline setup). Each workload's
-# module holds its own (SIZES, prefixed keys); PROFILES joins them in the registry's order, then
-# the timeout of one worker. Until a workload's module holds its SIZES, WORKERS and drive, the
-# _LEGACY_ tables here hold them for it.
-_LEGACY_SIZES: dict[str, dict[str, dict[str, Any]]] = {}
-
-TIMEOUT = {"quick": 900, "full": 7200}  # seconds, one worker
-PROFILE_NAMES = ("quick", "full")
-
-
-def _sizes(workload: ModuleType) -> dict[str, dict[str, Any]]:
-    return getattr(workload, "SIZES", None) or _LEGACY_SIZES[workload.NAME]
-
-
-PROFILES: dict[str, dict[str, Any]] = {
-    profile: {**{k: v for w in WORKLOADS for k, v in _sizes(w)[profile].items()}, "timeout": TIMEOUT[profile]}
-    for profile in PROFILE_NAMES
-}
-
-
-def _only_when_named(workload: ModuleType) -> bool:
-    return bool(getattr(workload, "ONLY_WHEN_NAMED", False))
-
-
-TASKS = tuple(w.NAME for w in WORKLOADS if not _only_when_named(w))
-CLUSTER_TASKS = tuple(w.NAME for w in WORKLOADS if _only_when_named(w))
 RAY_CONFIG = "/etc/provisioner/ray/ray.json"
-
-
-# ---------------------------------------------------------------- the clock under load (root, stdlib)
 
 
 # ---------------------------------------------------------------- parent: run the workers
@@ -260,7 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for task in chosen:
             t0 = time.monotonic()
             # A workload's root-parent step where it has one (its module's drive), else its one worker.
-            drive = getattr(BY_NAME[task], "drive", None) or _LEGACY_DRIVES.get(task)
+            drive = getattr(BY_NAME[task], "drive", None)
             result = drive(runner) if drive else runner.worker(task)
             result["seconds"] = round(time.monotonic() - t0, 2)
             out["results"][task] = result
@@ -270,29 +238,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------- serving (root: the server and wrk)
-
 SERVING_CONFIG = "/etc/provisioner/serving/serving.json"
 
 
-# ---------------------------------------------------------------- workers (inside the ML environment)
-
-
-# What the workloads measure in tuned mode: the code a user writes, in the ML user's login shell,
-# with no thread limit a user would not set. The environment (role thread_env, and the ML
-# environment's start-up hook for joblib's workers) decides every pool's threads; a workload
-# reads what each library took and the checks hold that to the plan. Only the one-core
-# reference runs (the per-core rates the limits scale) set a limit of 1, and say so.
-
-
-# ---------------------------------------------------------------- workloads of real jobs
-
-
-# The measuring functions each task names, until the workload's module holds them (its WORKERS).
-_LEGACY_WORKERS: dict[str, dict[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
-WORKERS = {task: fn for w in WORKLOADS for task, fn in (getattr(w, "WORKERS", None) or _LEGACY_WORKERS[w.NAME]).items()}
-# The root parent's step of a workload, until its module holds it (its drive).
-_LEGACY_DRIVES: dict[str, Callable[[Runner], dict[str, Any]]] = {}
+# ---------------------------------------------------------------- a worker (inside the ML environment)
 
 
 def worker(params: dict[str, Any]) -> None:
