@@ -53,15 +53,26 @@ def profile_for(level, count):
     return data, metadata
 
 
+def _one_on_all(members, kind, ident, what):
+    """The members' superblocks of KIND ("btrfs", "md") and None when all of them carry the same one
+    (by its IDENT); else None and the verdict: (None, None) when none does, (False, why) when only
+    some of them do or they carry several (WHAT names one: "btrfs filesystem", "md array")."""
+    sbs = [m.get(kind) for m in members]
+    if not any(sbs):
+        return None, (None, None)
+    ids = sorted({sb[ident] for sb in sbs if sb})
+    if len(ids) != 1 or not all(sbs):
+        which = f"that {what} covers" if len(ids) == 1 else "the {}s {} cover".format(what, ", ".join(ids))
+        return None, (False, which + " only some of the listed drives")
+    return sbs, None
+
+
 def match_btrfs(members, spec):
     """(True, fs) when the members carry exactly one btrfs filesystem spanning exactly them with the
     requested profiles; (False, why) when they carry one that differs; (None, None) when none."""
-    sbs = [m.get("btrfs") for m in members]
-    if not any(sbs):
-        return None, None
-    fsids = sorted({sb["fsid"] for sb in sbs if sb})
-    if len(fsids) != 1 or not all(sbs):
-        return False, "that btrfs filesystem covers only some of the listed drives" if len(fsids) == 1 else "the btrfs filesystems {} cover only some of the listed drives".format(", ".join(fsids))
+    sbs, verdict = _one_on_all(members, "btrfs", "fsid", "btrfs filesystem")
+    if verdict:
+        return verdict
     sb = sbs[0]
     devids = sorted(s["devid"] for s in sbs)
     if sb["num_devices"] != len(members) or len(set(devids)) != len(devids):
@@ -81,12 +92,9 @@ def match_btrfs(members, spec):
 def match_md(members, spec, arrays):
     """(True, info) for md members of one array with the requested level over exactly these drives;
     (False, why) for md members of another array; (None, None) when no member carries md metadata."""
-    sbs = [m.get("md") for m in members]
-    if not any(sbs):
-        return None, None
-    uuids = sorted({sb["uuid"] for sb in sbs if sb})
-    if len(uuids) != 1 or not all(sbs):
-        return False, "that md array covers only some of the listed drives" if len(uuids) == 1 else "the md arrays {} cover only some of the listed drives".format(", ".join(uuids))
+    sbs, verdict = _one_on_all(members, "md", "uuid", "md array")
+    if verdict:
+        return verdict
     sb = sbs[0]
     if sb["level"] != spec["level"] or sb["raid_disks"] != len(members):
         return False, "that md array ({}) is {} over {:d} drive(s), not the requested {} over {:d}".format(
