@@ -70,10 +70,10 @@ def parse_lsblk(json_text, root_disks=(), by_id=None, mounts_by_majmin=None):
     "maj:min" -> mountpoints, merged with lsblk's (lsblk may miss mounts in other namespaces).
     """
     data = json.loads(json_text) if isinstance(json_text, str) else json_text
-    by_id = by_id or {}
-    mounts_by_majmin = mounts_by_majmin or {}
-    root_disks = set(root_disks or ())
-    devices = []
+    return _devices(_lsblk_found(data, mounts_by_majmin or {}), root_disks, by_id)
+
+
+def _lsblk_found(data, mounts_by_majmin):
     for disk in data.get("blockdevices") or []:
         name = disk.get("kname") or disk.get("name")
         kind = (disk.get("type") or "").lower()
@@ -105,33 +105,31 @@ def parse_lsblk(json_text, root_disks=(), by_id=None, mounts_by_majmin=None):
                     holders.append(child_name)
                 if child_type.startswith("raid") and child_type not in signatures:
                     signatures.append(child_type)
-        devices.append(
-            _device(
-                name=name,
-                path=disk.get("path") or "/dev/" + name,
-                size=size,
-                model=disk.get("model"),
-                serial=disk.get("serial"),
-                wwn=disk.get("wwn"),
-                by_id=by_id.get(name, []),
-                transport=disk.get("tran"),
-                rotational=_to_bool(disk.get("rota")),
-                removable=_to_bool(disk.get("rm")),
-                read_only=_to_bool(disk.get("ro")),
-                mountpoints=mountpoints,
-                partitions=partitions,
-                signatures=signatures,
-                holders=holders,
-                kind=kind,
-                root_disks=root_disks,
-                uuid=disk.get("uuid"),
-            )
+        yield name, kind, (mountpoints, partitions, signatures, holders), dict(
+            path=disk.get("path") or "/dev/" + name,
+            size=size,
+            model=disk.get("model"),
+            serial=disk.get("serial"),
+            wwn=disk.get("wwn"),
+            transport=disk.get("tran"),
+            rotational=_to_bool(disk.get("rota")),
+            removable=_to_bool(disk.get("rm")),
+            read_only=_to_bool(disk.get("ro")),
+            uuid=disk.get("uuid"),
         )
-    return devices
 
 
-def _device(name, path, size, model, serial, wwn, by_id, transport, rotational, removable, read_only,
-            mountpoints, partitions, signatures, holders, kind, root_disks, backing_file=None, uuid=None):
+def _devices(found, root_disks, by_id):
+    """block_devices from what a reader found of each drive: its name, kind, (mountpoints, partitions,
+    signatures, holders) and the rest of its fields."""
+    root_disks = set(root_disks or ())
+    by_id = by_id or {}
+    return [_device(name, kind, lists, root_disks, by_id, **fields) for name, kind, lists, fields in found]
+
+
+def _device(name, kind, lists, root_disks, by_id, path, size, model, serial, wwn, transport, rotational, removable,
+            read_only, backing_file=None, uuid=None):
+    mountpoints, partitions, signatures, holders = lists
     loop = kind == "loop" or name.startswith("loop")
     transport = _clean(transport)
     return {
@@ -141,7 +139,7 @@ def _device(name, path, size, model, serial, wwn, by_id, transport, rotational, 
         "model": _clean(model),
         "serial": _clean(serial),
         "wwn": _clean(wwn),
-        "by_id": sort_by_id(by_id),
+        "by_id": sort_by_id(by_id.get(name, [])),
         "nvme": name.startswith("nvme") or transport == "nvme",
         "rotational": bool(rotational),
         "removable": bool(removable),
@@ -162,10 +160,10 @@ def _device(name, path, size, model, serial, wwn, by_id, transport, rotational, 
 
 def parse_sysfs_block(root="/", root_disks=(), by_id=None, mounts_by_majmin=None, swaps=()):
     """The /sys/block fall-back when lsblk is missing: same fields, signatures only from holders."""
-    by_id = by_id or {}
-    mounts_by_majmin = mounts_by_majmin or {}
-    root_disks = set(root_disks or ())
-    devices = []
+    return _devices(_sysfs_found(root, mounts_by_majmin or {}, swaps), root_disks, by_id)
+
+
+def _sysfs_found(root, mounts_by_majmin, swaps):
     for path in sorted(glob.glob(path_in(root, "/sys/block/*"))):
         name = os.path.basename(path)
         base = "/sys/block/" + name
@@ -202,29 +200,18 @@ def parse_sysfs_block(root="/", root_disks=(), by_id=None, mounts_by_majmin=None
         model = read_line(root, base + "/device/model")
         serial = read_line(root, base + "/device/serial") or read_line(root, base + "/serial")
         wwn = read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid")
-        devices.append(
-            _device(
-                name=name,
-                path="/dev/" + name,
-                size=size,
-                model=model,
-                serial=serial,
-                wwn=wwn,
-                by_id=by_id.get(name, []),
-                transport="nvme" if name.startswith("nvme") else None,
-                rotational=read_line(root, base + "/queue/rotational") == "1",
-                removable=read_line(root, base + "/removable") == "1",
-                read_only=read_line(root, base + "/ro") == "1",
-                mountpoints=mountpoints,
-                partitions=partitions,
-                signatures=signatures,
-                holders=holders,
-                kind=kind,
-                root_disks=root_disks,
-                backing_file=read_line(root, base + "/loop/backing_file"),
-            )
+        yield name, kind, (mountpoints, partitions, signatures, holders), dict(
+            path="/dev/" + name,
+            size=size,
+            model=model,
+            serial=serial,
+            wwn=wwn,
+            transport="nvme" if name.startswith("nvme") else None,
+            rotational=read_line(root, base + "/queue/rotational") == "1",
+            removable=read_line(root, base + "/removable") == "1",
+            read_only=read_line(root, base + "/ro") == "1",
+            backing_file=read_line(root, base + "/loop/backing_file"),
         )
-    return devices
 
 
 def sysfs_disks_for(root, majmin=None, name=None):
