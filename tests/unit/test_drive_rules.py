@@ -11,6 +11,7 @@ from typing import Any
 import plugin_code
 import pytest
 from facts_fixtures import load
+from fake_tree import write
 
 from provisioner.module_utils import load as load_module_utils
 from provisioner.plan import PlanError, PlanOptions, derive_plan
@@ -164,22 +165,16 @@ def test_the_plan_and_the_module_agree_on_each_drive(name):
 # --------------------------------------------------------------------------
 
 
-def _write(root: Path, path: str, text: str = "") -> None:
-    target = root / path.lstrip("/")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-
-
 @pytest.fixture
 def id_tree(tmp_path: Path) -> Path:
     root = tmp_path / "host"
     for name, majmin in (("nvme1n1", "259:3"), ("dm-0", "253:0")):
-        _write(root, f"/sys/block/{name}/dev", f"{majmin}\n")
-        _write(root, f"/sys/block/{name}/size", "7501476528\n")
+        write(root, f"/sys/block/{name}/dev", f"{majmin}\n")
+        write(root, f"/sys/block/{name}/size", "7501476528\n")
         (root / f"sys/block/{name}/holders").mkdir(parents=True, exist_ok=True)
-    _write(root, "/sys/block/nvme1n1/device/serial", "S64H1\n")
-    _write(root, "/sys/block/nvme1n1/wwid", "eui.0001\n")
-    _write(root, "/proc/self/mountinfo", "")
+    write(root, "/sys/block/nvme1n1/device/serial", "S64H1\n")
+    write(root, "/sys/block/nvme1n1/wwid", "eui.0001\n")
+    write(root, "/proc/self/mountinfo", "")
     by_id = root / "dev" / "disk" / "by-id"
     by_id.mkdir(parents=True)
     (by_id / "nvme-SAMSUNG_S64H1").symlink_to("../../nvme1n1")

@@ -14,6 +14,7 @@ import plugin_code
 import pytest
 import sysfs_cases
 import yaml
+from fake_tree import write
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE_PATH = plugin_code.PLUGINS / "modules" / "provisioner_facts.py"
@@ -249,81 +250,75 @@ def test_parse_lsblk_old_mountpoint_column():
 # --------------------------------------------------------------------------
 
 
-def _write(root: Path, path: str, text: str) -> None:
-    target = root / path.lstrip("/")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-
-
 @pytest.fixture
 def fake_root(tmp_path: Path) -> Path:
     """Two sockets x 2 cores x 2 threads, 2 NUMA nodes, intel_pstate, four drives, loops, zram."""
     root = tmp_path / "root"
-    _write(root, "/proc/cpuinfo", CPUINFO_2S)
-    _write(root, "/sys/devices/system/cpu/online", "0-7\n")
+    write(root, "/proc/cpuinfo", CPUINFO_2S)
+    write(root, "/sys/devices/system/cpu/online", "0-7\n")
     for cpu in range(8):
         base = f"/sys/devices/system/cpu/cpu{cpu}"
         sibling = cpu - cpu % 2
-        _write(root, f"{base}/topology/physical_package_id", f"{cpu // 4}\n")
-        _write(root, f"{base}/topology/core_id", f"{(cpu // 2) % 2}\n")
-        _write(root, f"{base}/topology/die_id", "0\n")
-        _write(root, f"{base}/topology/thread_siblings_list", f"{sibling}-{sibling + 1}\n")
-        _write(root, f"{base}/cache/index3/shared_cpu_list", "0-3\n" if cpu < 4 else "4-7\n")
+        write(root, f"{base}/topology/physical_package_id", f"{cpu // 4}\n")
+        write(root, f"{base}/topology/core_id", f"{(cpu // 2) % 2}\n")
+        write(root, f"{base}/topology/die_id", "0\n")
+        write(root, f"{base}/topology/thread_siblings_list", f"{sibling}-{sibling + 1}\n")
+        write(root, f"{base}/cache/index3/shared_cpu_list", "0-3\n" if cpu < 4 else "4-7\n")
     for index, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"), (3, "Unified", "61440K")]):
         base = f"/sys/devices/system/cpu/cpu0/cache/index{index}"
-        _write(root, f"{base}/level", f"{level}\n")
-        _write(root, f"{base}/type", f"{kind}\n")
-        _write(root, f"{base}/size", f"{size}\n")
-    _write(root, "/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list", "0-3\n")
+        write(root, f"{base}/level", f"{level}\n")
+        write(root, f"{base}/type", f"{kind}\n")
+        write(root, f"{base}/size", f"{size}\n")
+    write(root, "/sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list", "0-3\n")
     freq = "/sys/devices/system/cpu/cpu0/cpufreq"
-    _write(root, f"{freq}/scaling_driver", "intel_pstate\n")
-    _write(root, f"{freq}/scaling_governor", "powersave\n")
-    _write(root, f"{freq}/scaling_available_governors", "performance powersave\n")
-    _write(root, f"{freq}/energy_performance_preference", "balance_performance\n")
-    _write(root, f"{freq}/energy_performance_available_preferences", "default performance balance_performance power\n")
-    _write(root, f"{freq}/cpuinfo_max_freq", "4100000\n")
-    _write(root, "/sys/devices/system/cpu/intel_pstate/status", "active\n")
-    _write(root, "/sys/devices/system/cpu/intel_pstate/no_turbo", "0\n")
-    _write(root, "/sys/devices/system/node/online", "0-1\n")
-    _write(root, "/proc/meminfo", "MemTotal:       528125000 kB\nMemAvailable:   520000000 kB\nSwapTotal:  0 kB\nHugepagesize:       2048 kB\n")
-    _write(root, "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", "16\n")
-    _write(root, "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages", "0\n")
-    _write(root, "/sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never\n")
-    _write(root, "/sys/kernel/mm/transparent_hugepage/defrag", "always defer defer+madvise [madvise] never\n")
-    _write(root, "/sys/class/dmi/id/sys_vendor", "Supermicro\n")
-    _write(root, "/etc/os-release", 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n')
-    _write(root, "/proc/sys/kernel/osrelease", "6.1.0-28-amd64\n")
+    write(root, f"{freq}/scaling_driver", "intel_pstate\n")
+    write(root, f"{freq}/scaling_governor", "powersave\n")
+    write(root, f"{freq}/scaling_available_governors", "performance powersave\n")
+    write(root, f"{freq}/energy_performance_preference", "balance_performance\n")
+    write(root, f"{freq}/energy_performance_available_preferences", "default performance balance_performance power\n")
+    write(root, f"{freq}/cpuinfo_max_freq", "4100000\n")
+    write(root, "/sys/devices/system/cpu/intel_pstate/status", "active\n")
+    write(root, "/sys/devices/system/cpu/intel_pstate/no_turbo", "0\n")
+    write(root, "/sys/devices/system/node/online", "0-1\n")
+    write(root, "/proc/meminfo", "MemTotal:       528125000 kB\nMemAvailable:   520000000 kB\nSwapTotal:  0 kB\nHugepagesize:       2048 kB\n")
+    write(root, "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", "16\n")
+    write(root, "/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages", "0\n")
+    write(root, "/sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never\n")
+    write(root, "/sys/kernel/mm/transparent_hugepage/defrag", "always defer defer+madvise [madvise] never\n")
+    write(root, "/sys/class/dmi/id/sys_vendor", "Supermicro\n")
+    write(root, "/etc/os-release", 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n')
+    write(root, "/proc/sys/kernel/osrelease", "6.1.0-28-amd64\n")
 
     def disk(name, majmin, sectors, model=None, serial=None, partitions=(), holders=(), rotational="0"):
         base = f"/sys/block/{name}"
-        _write(root, f"{base}/dev", f"{majmin}\n")
-        _write(root, f"{base}/size", f"{sectors}\n")
-        _write(root, f"{base}/queue/rotational", f"{rotational}\n")
-        _write(root, f"{base}/removable", "0\n")
-        _write(root, f"{base}/ro", "0\n")
+        write(root, f"{base}/dev", f"{majmin}\n")
+        write(root, f"{base}/size", f"{sectors}\n")
+        write(root, f"{base}/queue/rotational", f"{rotational}\n")
+        write(root, f"{base}/removable", "0\n")
+        write(root, f"{base}/ro", "0\n")
         (root / base.lstrip("/") / "holders").mkdir(parents=True, exist_ok=True)
         if model:
-            _write(root, f"{base}/device/model", f"{model}  \n")
+            write(root, f"{base}/device/model", f"{model}  \n")
         if serial:
-            _write(root, f"{base}/device/serial", f"{serial}\n")
+            write(root, f"{base}/device/serial", f"{serial}\n")
         for part, part_majmin in partitions:
-            _write(root, f"{base}/{part}/partition", "1\n")
-            _write(root, f"{base}/{part}/dev", f"{part_majmin}\n")
+            write(root, f"{base}/{part}/partition", "1\n")
+            write(root, f"{base}/{part}/dev", f"{part_majmin}\n")
             (root / base.lstrip("/") / part / "holders").mkdir(parents=True, exist_ok=True)
         for holder in holders:
-            _write(root, f"{base}/holders/{holder}", "")
+            write(root, f"{base}/holders/{holder}", "")
 
     disk("nvme0n1", "259:0", 1000215216, "SAMSUNG MZVL2512HCJQ-00B00", "S675", partitions=[("nvme0n1p1", "259:1"), ("nvme0n1p2", "259:2")])
     disk("nvme1n1", "259:3", 7501476528, "SAMSUNG MZQL23T8HCLS-00A07", "S64H1")
     disk("nvme2n1", "259:4", 7501476528, "SAMSUNG MZQL23T8HCLS-00A07", "S64H2", holders=["md0"])
     disk("md0", "9:0", 7500000000)
-    _write(root, "/sys/block/md0/md/level", "raid1\n")
-    _write(root, "/sys/block/md0/slaves/nvme2n1", "")
+    write(root, "/sys/block/md0/md/level", "raid1\n")
+    write(root, "/sys/block/md0/slaves/nvme2n1", "")
     disk("loop0", "7:0", 0)
     disk("loop1", "7:1", 4194304)
-    _write(root, "/sys/block/loop1/loop/backing_file", "/var/tmp/disk1.img\n")
+    write(root, "/sys/block/loop1/loop/backing_file", "/var/tmp/disk1.img\n")
     disk("zram0", "253:0", 1024)
-    _write(
+    write(
         root,
         "/proc/self/mountinfo",
         "27 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw\n"
@@ -621,13 +616,13 @@ def test_installed_memory_is_the_kernels_online_memory_blocks(tmp_path):
     pages (MemTotal is not); offline blocks do not count; no memory blocks, no figure."""
     root = tmp_path / "host"
     base = "/sys/devices/system/memory"
-    _write(root, f"{base}/block_size_bytes", "8000000\n")  # 128 MiB, in hex as the kernel writes it
+    write(root, f"{base}/block_size_bytes", "8000000\n")  # 128 MiB, in hex as the kernel writes it
     for i in range(34):
-        _write(root, f"{base}/memory{i}/state", "online\n" if i < 32 else "offline\n")
-    _write(root, "/proc/meminfo", "MemTotal:        3012345 kB\nHugepagesize:       2048 kB\n")
+        write(root, f"{base}/memory{i}/state", "online\n" if i < 32 else "offline\n")
+    write(root, "/proc/meminfo", "MemTotal:        3012345 kB\nHugepagesize:       2048 kB\n")
     memory = pf.gather_memory(str(root))
     assert memory["installed_bytes"] == 32 * 128 * 1024**2 == 4 * 1024**3
     assert memory["total_bytes"] == 3012345 * 1024
     bare = tmp_path / "bare"
-    _write(bare, "/proc/meminfo", "MemTotal:        3012345 kB\n")
+    write(bare, "/proc/meminfo", "MemTotal:        3012345 kB\n")
     assert pf.gather_memory(str(bare))["installed_bytes"] is None
