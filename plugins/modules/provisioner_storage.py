@@ -112,99 +112,22 @@ try:
 except ImportError:  # imported by the tests without ansible on the path
     AnsibleModule = None
 
-# Shared code (plugins/module_utils): provisioner_drives, _drive_rules, _drive_arrays, _superblocks.
+# Shared code (plugins/module_utils), by module: its names are written once, where they are used.
 try:  # installed as the provisioner.ml collection
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
-        parse_mountinfo,
-        path_in,
-        unescape_octal,
-    )
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import (
-        MD_CHUNK_KB,
-        MIN_DRIVES,
-        STORAGE_BACKENDS,
-        STORAGE_LEVELS,
-        SYSTEM_MOUNTPOINTS,
-    )
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_arrays import (
-        WIPE_HINT,
-        degraded_context,
-        match_btrfs,
-        match_degraded,
-        match_md,
-        member_text,
-        planned_uuid,
-        profile_for,
-    )
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
-        describe_contents,
-        findings,
-        has_contents,
-    )
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drives import (
-        by_id_links,
-        inspect_device,
-        is_absent,
-        list_disks,
-        md_arrays,
-        md_driver,
-        mountpoint_state,
-        named_array,
-        parse_swaps,
-        replaced_filesystems,
-        resolve,
-        signatures_of,
-    )
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_superblocks import (
-        BTRFS_SUPER_OFFSET,
-        btrfs_profiles,
-        md_uuid_text,
-        parse_btrfs_super,
-        parse_xfs_super,
-        read_at,
-    )
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_common as common
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_constants as constants
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_drive_arrays as drive_arrays
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_drive_rules as drive_rules
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_drives as drives
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_superblocks as superblocks
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
-    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, unescape_octal
-    from ansible.module_utils.provisioner_constants import (
-        MD_CHUNK_KB,
-        MIN_DRIVES,
-        STORAGE_BACKENDS,
-        STORAGE_LEVELS,
-        SYSTEM_MOUNTPOINTS,
-    )
-    from ansible.module_utils.provisioner_drive_arrays import (
-        WIPE_HINT,
-        degraded_context,
-        match_btrfs,
-        match_degraded,
-        match_md,
-        member_text,
-        planned_uuid,
-        profile_for,
-    )
-    from ansible.module_utils.provisioner_drive_rules import describe_contents, findings, has_contents
-    from ansible.module_utils.provisioner_drives import (
-        by_id_links,
-        inspect_device,
-        is_absent,
-        list_disks,
-        md_arrays,
-        md_driver,
-        mountpoint_state,
-        named_array,
-        parse_swaps,
-        replaced_filesystems,
-        resolve,
-        signatures_of,
-    )
-    from ansible.module_utils.provisioner_superblocks import (
-        BTRFS_SUPER_OFFSET,
-        btrfs_profiles,
-        md_uuid_text,
-        parse_btrfs_super,
-        parse_xfs_super,
-        read_at,
-    )
+    # (the same files under another name: mypy sees two modules)
+    from ansible.module_utils import provisioner_common as common  # type: ignore[no-redef]
+    from ansible.module_utils import provisioner_constants as constants  # type: ignore[no-redef]
+    from ansible.module_utils import provisioner_drive_arrays as drive_arrays  # type: ignore[no-redef]
+    from ansible.module_utils import provisioner_drive_rules as drive_rules  # type: ignore[no-redef]
+    from ansible.module_utils import provisioner_drives as drives  # type: ignore[no-redef]
+    from ansible.module_utils import provisioner_superblocks as superblocks  # type: ignore[no-redef]
 
 
 
@@ -242,7 +165,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         "warnings": warnings,
     }
 
-    need = MIN_DRIVES[level]
+    need = constants.MIN_DRIVES[level]
     named_count = len(members) + len(missing)  # a drive not on the host (lost) is still named
     if named_count < need:
         refusals.append(f"storage: {level} needs at least {need:d} device(s), storage_devices names {named_count:d}")
@@ -253,9 +176,9 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
 
     # Drives in any use are refused outright; wiping does not cover them (the shared rules' findings:
     # provisioner_drive_rules.py).
-    found = [dict(findings(m)) for m in members]
+    found = [dict(drive_rules.findings(m)) for m in members]
     for m, kinds in zip(members, found):
-        who = member_text(m)
+        who = drive_arrays.member_text(m)
         if "unprobed" in kinds:
             refusals.append("storage: refusing {}: could not be inspected ({}) — fix that first".format(who, kinds["unprobed"]))
         if "read_only" in kinds:
@@ -264,11 +187,11 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             refusals.append(f"storage: refusing {who}: size 0 (no medium?)")
 
     adopt_fs = adopt_md = None
-    repair = match_degraded(spec, members, missing, arrays, named) if uses_md else None
+    repair = drive_arrays.match_degraded(spec, members, missing, arrays, named) if uses_md else None
     if repair is not None:
         adopt_md = repair["info"]
         refusals.extend(repair["refusals"])
-        result["wipe"] = [m for m in repair["replacements"] if has_contents(m)]
+        result["wipe"] = [m for m in repair["replacements"] if drive_rules.has_contents(m)]
         result["degraded"] = {
             "device": repair["device"],
             "kname": repair["kname"],
@@ -285,13 +208,13 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                     repair["device"], level, repair["active"], repair["raid_disks"],
                     ", ".join(repair["missing"])))
     elif backend == "btrfs":
-        ok, what = match_btrfs(members, spec)
+        ok, what = drive_arrays.match_btrfs(members, spec)
         if ok:
             adopt_fs = what
         elif ok is False:
             result["mismatch"] = what
     elif uses_md:
-        ok, what = match_md(members, spec, arrays)
+        ok, what = drive_arrays.match_md(members, spec, arrays)
         if ok:
             adopt_md = what
         elif ok is False:
@@ -309,10 +232,10 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             adopted_mounts |= set(m.get("mountpoints") or [])
 
     for m, kinds in zip(members, found):
-        who = member_text(m)
+        who = drive_arrays.member_text(m)
         points = kinds.get("mounted") or []
         if points and not (adopt_fs or adopt_md):
-            hint = " (the root disk)" if any(p in SYSTEM_MOUNTPOINTS for p in points) else ""
+            hint = " (the root disk)" if any(p in constants.SYSTEM_MOUNTPOINTS for p in points) else ""
             refusals.append(
                 "storage: refusing {}: mounted at {}{} — unmount it first; storage never unmounts or wipes a mounted "
                 "drive, not even one in storage_wipe_devices".format(who, ", ".join(points), hint))
@@ -325,14 +248,14 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         if adopt_fs or adopt_md:
             continue
         if "partitions" in kinds or "signatures" in kinds:
-            what = describe_contents(m)
+            what = drive_rules.describe_contents(m)
             if m.get("wipe_allowed"):
                 result["wipe"].append(m)
             else:
                 # A btrfs/md signature of something other than the requested layout: say how it differs.
                 why = result.get("mismatch") if (m.get("btrfs") or m.get("md")) else None
                 refusals.append("storage: refusing {}: holds {}{} — {}".format(
-                    who, what, (f"; {why}") if why else "", WIPE_HINT))
+                    who, what, (f"; {why}") if why else "", drive_arrays.WIPE_HINT))
 
     adopted = adopt_fs or adopt_md
     if adopted:
@@ -341,7 +264,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             refusals.append(
                 "storage: refusing to adopt the existing {} on {}: it is mounted at {}, not at {} — unmount it, or set "
                 "storage_mountpoint: {}".format(
-                    adopted["kind"], ", ".join(member_text(m) for m in members), ", ".join(points),
+                    adopted["kind"], ", ".join(drive_arrays.member_text(m) for m in members), ", ".join(points),
                     spec["mountpoint"], points[0]))
 
     # The mount point: nothing else mounted there, nothing hidden by mounting over it.
@@ -361,7 +284,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     if refusals:
         return result
 
-    data_profile, meta_profile = profile_for(level, len(members))
+    data_profile, meta_profile = drive_arrays.profile_for(level, len(members))
     result["btrfs_data_profile"] = data_profile if backend == "btrfs" else None
     result["btrfs_metadata_profile"] = meta_profile if backend == "btrfs" else None
     paths = [m["cmd_path"] for m in members]
@@ -372,7 +295,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             commands.append({"argv": ["wipefs", "--all", "/dev/" + part],
                              "why": "wipe {} on {} (storage_wipe_devices)".format(part, m["id"])})
         commands.append({"argv": ["wipefs", "--all", m["cmd_path"]],
-                         "why": "wipe {}: {} (storage_wipe_devices)".format(m["id"], describe_contents(m))})
+                         "why": "wipe {}: {} (storage_wipe_devices)".format(m["id"], drive_rules.describe_contents(m))})
         if m.get("partitions"):
             commands.append({"argv": ["blockdev", "--rereadpt", m["cmd_path"]],
                              "why": "drop the wiped partitions of {} from the kernel".format(m["id"])})
@@ -387,7 +310,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             fs_uuid = adopt_fs["uuid"]
         else:
             result["action"] = "create"
-            fs_uuid = planned_uuid("btrfs", members, spec)
+            fs_uuid = drive_arrays.planned_uuid("btrfs", members, spec)
             argv = ["mkfs.btrfs"] + (["--force"] if force else []) + [
                 "--label", name, "--uuid", fs_uuid, "--data", data_profile, "--metadata", meta_profile] + paths
             commands.append({"argv": argv, "why": f"create btrfs data {data_profile}, metadata {meta_profile} over {len(members):d} drive(s)"})
@@ -410,8 +333,8 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                                  "why": f"assemble the existing {level} array {md_uuid}"})
                 commands += _udev_settle(spec, md_device)
             fs = adopt_md.get("filesystem")
-            ours = md_uuid == md_uuid_text(uuid.UUID(planned_uuid("md", members, spec)).bytes)
-            if fs and fs.get("kind") == "xfs" and ours and fs.get("uuid") != planned_uuid("xfs", members, spec):
+            ours = md_uuid == superblocks.md_uuid_text(uuid.UUID(drive_arrays.planned_uuid("md", members, spec)).bytes)
+            if fs and fs.get("kind") == "xfs" and ours and fs.get("uuid") != drive_arrays.planned_uuid("xfs", members, spec):
                 # Storage made this array but not this filesystem: a create stopped between mdadm and
                 # mkfs leaves the drives' earlier XFS superblock showing through the new array.
                 leftover = "storage: the array {} that storage created holds an XFS (UUID {}) that storage did not make".format(
@@ -429,7 +352,7 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                                        "by hand if it may go".format(md_uuid, fs.get("kind")))
             else:
                 result["action"] = "mkfs" if adopt_md["running"] else "assemble"
-                fs_uuid = planned_uuid("xfs", members, spec)
+                fs_uuid = drive_arrays.planned_uuid("xfs", members, spec)
                 commands.append({"argv": _mkfs_xfs(name, fs_uuid, chunk, sw, level, force, md_device),
                                  "why": "create XFS on the existing array (it holds no filesystem)"})
             md_device = md_device_now if adopt_md["running"] else md_device
@@ -446,8 +369,8 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                     result["action"] = "repair"
         else:
             result["action"] = "create"
-            md_uuid = md_uuid_text(uuid.UUID(planned_uuid("md", members, spec)).bytes)
-            fs_uuid = planned_uuid("xfs", members, spec)
+            md_uuid = superblocks.md_uuid_text(uuid.UUID(drive_arrays.planned_uuid("md", members, spec)).bytes)
+            fs_uuid = drive_arrays.planned_uuid("xfs", members, spec)
             argv = ["mdadm", "--create", md_device, "--run", "--metadata=1.2", f"--level={level}",
                     f"--raid-devices={len(members):d}"]
             if level != "raid1":
@@ -467,14 +390,14 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
             fs_uuid = adopt_fs["uuid"]
         else:
             result["action"] = "create"
-            fs_uuid = planned_uuid("xfs", members, spec)
+            fs_uuid = drive_arrays.planned_uuid("xfs", members, spec)
             commands.append({"argv": _mkfs_xfs(name, fs_uuid, None, None, level, force, paths[0]),
                              "why": "create XFS directly on {}".format(members[0]["id"])})
         fs_device = paths[0]
 
     result["wipe"] = [m["id"] for m in result["wipe"]]
     for m in members:
-        m["contents"] = describe_contents(m)
+        m["contents"] = drive_rules.describe_contents(m)
     result["commands"] = commands
     result["md_uuid"] = md_uuid
     result["md_device"] = md_device
@@ -535,7 +458,7 @@ def parse_fstab(text):
             continue
         entries.append({
             "src": fields[0],
-            "path": unescape_octal(fields[1]).rstrip("/") or "/",
+            "path": common.unescape_octal(fields[1]).rstrip("/") or "/",
             "fstype": fields[2] if len(fields) > 2 else "",
             "opts": fields[3] if len(fields) > 3 else "",
             "line": line.strip(),
@@ -597,40 +520,40 @@ def gather(params, root="/", probe=True):
         "level": params["level"],
         "backend": params["backend"],
         "md_name": params.get("md_name") or "data",
-        "chunk_kb": int(params.get("chunk_kb") or MD_CHUNK_KB),
+        "chunk_kb": int(params.get("chunk_kb") or constants.MD_CHUNK_KB),
         "mountpoint": (params.get("mountpoint") or "/data").rstrip("/") or "/",
         "hostname": params.get("hostname") or socket.gethostname().split(".")[0],
-        "udev": os.path.exists(path_in(root, "/run/udev/control")),
+        "udev": os.path.exists(common.path_in(root, "/run/udev/control")),
     }
     allow_unstable = bool(params.get("allow_unstable_names"))
-    disks = list_disks(root)
+    disks = drives.list_disks(root)
     # By name, not ranked as the facts list them: a serial:/wwn: id's command path (fstab device=,
     # the udev rule, mdadm --create) is the alphabetically first link on hosts built so far.
-    links = {kname: sorted(names) for kname, names in by_id_links(root).items()}
+    links = {kname: sorted(names) for kname, names in drives.by_id_links(root).items()}
     try:
-        with open(path_in(root, "/proc/self/mountinfo")) as handle:
-            mounts = parse_mountinfo(handle.read())
+        with open(common.path_in(root, "/proc/self/mountinfo")) as handle:
+            mounts = common.parse_mountinfo(handle.read())
     except OSError:
         mounts = []
     try:
-        with open(path_in(root, "/proc/swaps")) as handle:
-            swaps = parse_swaps(handle.read())
+        with open(common.path_in(root, "/proc/swaps")) as handle:
+            swaps = drives.parse_swaps(handle.read())
     except OSError:
         swaps = []
 
     problems, members, seen, absent = [], [], {}, []  # type: list[str], list[dict], dict[str, str], list[str]
     for spec_id in params.get("devices") or []:
-        kname, error = resolve(spec_id, root, allow_unstable, disks, links)
+        kname, error = drives.resolve(spec_id, root, allow_unstable, disks, links)
         if error:
             problems.append("storage: " + error)
-            if is_absent(error):
+            if drives.is_absent(error):
                 absent.append(str(spec_id))
             continue
         if kname in seen:
             problems.append(f"storage: {seen[kname]} and {spec_id} are the same device ({kname})")
             continue
         seen[kname] = spec_id
-        device = inspect_device(kname, root, mounts, swaps, probe=probe)
+        device = drives.inspect_device(kname, root, mounts, swaps, probe=probe)
         device["id"] = str(spec_id)
         # The name used in commands: the configured by-id link, else a by-id link to the same drive,
         # else the kernel path (the drive was just resolved, names cannot move within a run).
@@ -643,7 +566,7 @@ def gather(params, root="/", probe=True):
 
     wipe_knames = {}
     for spec_id in params.get("wipe_devices") or []:
-        kname, error = resolve(spec_id, root, True, disks, links)
+        kname, error = drives.resolve(spec_id, root, True, disks, links)
         if kname:
             wipe_knames[kname] = spec_id
     warnings = []
@@ -661,8 +584,8 @@ def gather(params, root="/", probe=True):
             if mount["fstype"] != "btrfs" or not mount["source"].startswith("/dev/"):
                 continue
             try:
-                sb = parse_btrfs_super(read_at(path_in(root, mount["source"]) if root != "/" else mount["source"],
-                                               BTRFS_SUPER_OFFSET, 4096))
+                source = common.path_in(root, mount["source"]) if root != "/" else mount["source"]
+                sb = superblocks.parse_btrfs_super(superblocks.read_at(source, superblocks.BTRFS_SUPER_OFFSET, 4096))
             except OSError:
                 sb = None
             if sb:
@@ -680,11 +603,11 @@ def gather(params, root="/", probe=True):
         for m in members:
             if m.get("btrfs"):
                 try:
-                    m["btrfs_profiles"] = btrfs_profiles(by_fsid[m["btrfs"]["fsid"]], m["btrfs"])
+                    m["btrfs_profiles"] = superblocks.btrfs_profiles(by_fsid[m["btrfs"]["fsid"]], m["btrfs"])
                 except (OSError, struct.error):
                     m["btrfs_profiles"] = None
 
-    arrays = md_arrays(root)
+    arrays = drives.md_arrays(root)
     # Mounts and filesystem of a running md array count for its members.
     for m in members:
         for holder in m.get("holders") or []:
@@ -692,21 +615,21 @@ def gather(params, root="/", probe=True):
             if array:
                 m["mountpoints"] += [x["mountpoint"] for x in mounts if x["majmin"] == array["majmin"]]
 
-    state = mountpoint_state(spec["mountpoint"], mounts, root)
+    state = drives.mountpoint_state(spec["mountpoint"], mounts, root)
     # The role's own array running degraded: drives not on the host are its lost members (the
     # decision says so as a warning), not a refusal.
-    named = named_array(root, spec["md_name"], arrays) if spec["backend"] == "mdadm" else None
+    named = drives.named_array(root, spec["md_name"], arrays) if spec["backend"] == "mdadm" else None
     missing = []
-    if named and len(problems) == len(absent) and degraded_context(spec, len(params.get("devices") or []), arrays, named):
+    if named and len(problems) == len(absent) and drive_arrays.degraded_context(spec, len(params.get("devices") or []), arrays, named):
         missing, problems = absent, []
         if probe:
             try:
-                xfs = parse_xfs_super(read_at("/dev/" + named, 0, 4096))
+                xfs = superblocks.parse_xfs_super(superblocks.read_at("/dev/" + named, 0, 4096))
             except OSError:
                 xfs = None
             arrays[named]["filesystem"] = {"kind": "xfs", "uuid": xfs["uuid"]} if xfs else None
     if problems:
-        result = decide(spec, [], arrays, state, md_driver(root))
+        result = decide(spec, [], arrays, state, drives.md_driver(root))
         result["refusals"] = problems
         result["missing"] = []
         result["members"] = members
@@ -716,21 +639,21 @@ def gather(params, root="/", probe=True):
     # An md array over the members: what filesystem does it hold (read from the array, or for one
     # not running yet from the first member's data area)?
     if spec["backend"] == "mdadm" and spec["level"] != "single" and probe:
-        ok, info = match_md(members, spec, arrays)
+        ok, info = drive_arrays.match_md(members, spec, arrays)
         if ok:
             fs = None
             try:
                 if info["running"]:
-                    buf = read_at("/dev/" + info["running"], 0, 4096)
+                    buf = superblocks.read_at("/dev/" + info["running"], 0, 4096)
                 elif info["first_member"]:
-                    buf = read_at(info["first_member"], info["data_offset"], 4096)
+                    buf = superblocks.read_at(info["first_member"], info["data_offset"], 4096)
                 else:
                     buf = b""
-                xfs = parse_xfs_super(buf)
+                xfs = superblocks.parse_xfs_super(buf)
                 if xfs:
                     fs = {"kind": "xfs", "uuid": xfs["uuid"]}
                 elif info["running"]:
-                    sigs, _ = signatures_of("/dev/" + info["running"])
+                    sigs, _ = drives.signatures_of("/dev/" + info["running"])
                     if sigs:
                         fs = {"kind": sigs[0]["type"] or "unknown", "uuid": sigs[0].get("uuid")}
             except OSError:
@@ -738,18 +661,18 @@ def gather(params, root="/", probe=True):
             for m in members:
                 if m.get("md"):
                     m["md"]["filesystem"] = fs
-    result = decide(spec, members, arrays, state, md_driver(root), missing=missing, named=named)
+    result = decide(spec, members, arrays, state, drives.md_driver(root), missing=missing, named=named)
     result["warnings"] += warnings
     result["missing"] = missing
     # Filesystems on drives about to be wiped (storage_wipe_devices): an fstab line of theirs at
     # the mount point is the old layout the new one replaces, not a foreign mount.
     wiped = set(result["wipe"]) if result["action"] != "refuse" else set()
-    result["replaced_filesystems"] = replaced_filesystems([m for m in members if m["id"] in wiped] if probe else [])
-    result["udev_rules_dir_existed"] = os.path.isdir(path_in(root, "/etc/udev/rules.d"))
+    result["replaced_filesystems"] = drives.replaced_filesystems([m for m in members if m["id"] in wiped] if probe else [])
+    result["udev_rules_dir_existed"] = os.path.isdir(common.path_in(root, "/etc/udev/rules.d"))
     result["mdadm_conf_other_lines"] = []
     if result.get("md_uuid"):
         try:
-            with open(path_in(root, "/etc/mdadm/mdadm.conf")) as handle:
+            with open(common.path_in(root, "/etc/mdadm/mdadm.conf")) as handle:
                 result["mdadm_conf_other_lines"] = mdadm_conf_other_lines(handle.read(), result["md_uuid"])
         except OSError:
             pass
@@ -759,7 +682,7 @@ def gather(params, root="/", probe=True):
         for m in members
     )
     try:
-        with open(path_in(root, "/etc/fstab")) as handle:
+        with open(common.path_in(root, "/etc/fstab")) as handle:
             fstab = parse_fstab(handle.read())
     except OSError:
         fstab = []
@@ -778,10 +701,10 @@ def main():
             devices=dict(type="list", elements="str", required=True),
             wipe_devices=dict(type="list", elements="str", default=[]),
             allow_unstable_names=dict(type="bool", default=False),
-            level=dict(type="str", required=True, choices=list(STORAGE_LEVELS)),
-            backend=dict(type="str", required=True, choices=list(STORAGE_BACKENDS)),
+            level=dict(type="str", required=True, choices=list(constants.STORAGE_LEVELS)),
+            backend=dict(type="str", required=True, choices=list(constants.STORAGE_BACKENDS)),
             md_name=dict(type="str", default="data"),
-            chunk_kb=dict(type="int", default=MD_CHUNK_KB),
+            chunk_kb=dict(type="int", default=constants.MD_CHUNK_KB),
             mountpoint=dict(type="path", default="/data"),
             hostname=dict(type="str"),
             root=dict(type="path", default="/"),

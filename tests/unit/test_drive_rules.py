@@ -27,7 +27,7 @@ MOUNTPOINT = "/scratch"
 def test_the_plan_and_the_module_load_the_same_rules():
     module_rules = plugin_code.load("module_utils", "provisioner_drive_rules")
     assert module_rules.KINDS == rules.KINDS
-    assert ps.findings.__code__.co_code == rules.findings.__code__.co_code
+    assert ps.drive_rules.findings.__code__.co_code == rules.findings.__code__.co_code
 
 
 def test_findings_in_order_for_both_shapes():
@@ -210,7 +210,7 @@ def test_the_plan_and_the_module_accept_the_same_ids(id_tree, name):
         plan = "use"
     except PlanError:
         plan = "refuse"
-    kname, _why = ps.resolve(wanted, root=str(id_tree), allow_unstable=True)
+    kname, _why = ps.drives.resolve(wanted, root=str(id_tree), allow_unstable=True)
     verdicts = (plan, "use" if kname else "refuse")
     if name in KNOWN_ID_DISAGREEMENTS:
         assert verdicts == KNOWN_ID_DISAGREEMENTS[name], f"{name}: fixed? delete it from KNOWN_ID_DISAGREEMENTS"

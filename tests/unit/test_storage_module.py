@@ -337,29 +337,29 @@ def fake_root(tmp_path):
 
 
 def test_ids_resolve_by_id_serial_and_wwn(fake_root):
-    assert ps.resolve("/dev/disk/by-id/nvme-Samsung_S7KGNU0X100001", fake_root) == ("nvme0n1", None)
-    assert ps.resolve("serial:S7KGNU0X100001", fake_root) == ("nvme0n1", None)
-    assert ps.resolve("wwn:eui.0025384b21406c01", fake_root) == ("nvme0n1", None)
-    assert ps.resolve("wwn:0x5000c500d4a1b2c3", fake_root) == ("sda", None)
-    assert ps.resolve("serial:ZR5ABC12", fake_root) == ("sda", None)
+    assert ps.drives.resolve("/dev/disk/by-id/nvme-Samsung_S7KGNU0X100001", fake_root) == ("nvme0n1", None)
+    assert ps.drives.resolve("serial:S7KGNU0X100001", fake_root) == ("nvme0n1", None)
+    assert ps.drives.resolve("wwn:eui.0025384b21406c01", fake_root) == ("nvme0n1", None)
+    assert ps.drives.resolve("wwn:0x5000c500d4a1b2c3", fake_root) == ("sda", None)
+    assert ps.drives.resolve("serial:ZR5ABC12", fake_root) == ("sda", None)
 
 
 def test_unstable_and_unknown_ids_are_refused(fake_root):
-    kname, why = ps.resolve("/dev/nvme0n1", fake_root, links=ps.by_id_links(fake_root))
+    kname, why = ps.drives.resolve("/dev/nvme0n1", fake_root, links=ps.drives.by_id_links(fake_root))
     assert kname is None
     assert why == (f"/dev/nvme0n1 is a kernel name, which can change across reboots {SEP} name it "
                    "/dev/disk/by-id/nvme-Samsung_S7KGNU0X100001 (storage_allow_unstable_names: true is for tests and "
                    "VMs only)")
-    assert ps.resolve("/dev/loop3", fake_root, allow_unstable=True) == ("loop3", None)
-    assert "is a partition" in ps.resolve("/dev/disk/by-id/nvme-Samsung_S7KGNU0X100001-part1", fake_root)[1]
-    assert "does not exist" in ps.resolve("/dev/disk/by-id/nope", fake_root)[1]
-    assert "matches no block device" in ps.resolve("serial:NOPE", fake_root)[1]
-    assert "is not a stable device id" in ps.resolve("nvme0n1", fake_root)[1]
-    assert "is not a stable device id" in ps.resolve("/dev/disk/by-uuid/abc", fake_root)[1]
+    assert ps.drives.resolve("/dev/loop3", fake_root, allow_unstable=True) == ("loop3", None)
+    assert "is a partition" in ps.drives.resolve("/dev/disk/by-id/nvme-Samsung_S7KGNU0X100001-part1", fake_root)[1]
+    assert "does not exist" in ps.drives.resolve("/dev/disk/by-id/nope", fake_root)[1]
+    assert "matches no block device" in ps.drives.resolve("serial:NOPE", fake_root)[1]
+    assert "is not a stable device id" in ps.drives.resolve("nvme0n1", fake_root)[1]
+    assert "is not a stable device id" in ps.drives.resolve("/dev/disk/by-uuid/abc", fake_root)[1]
 
 
 def test_inspect_reads_sysfs(fake_root):
-    d = ps.inspect_device("nvme0n1", fake_root, probe=False)
+    d = ps.drives.inspect_device("nvme0n1", fake_root, probe=False)
     assert d["serial"] == "S7KGNU0X100001" and d["nvme"] and d["size_bytes"] == 7814037168 * 512
 
 
@@ -396,12 +396,12 @@ def test_btrfs_profiles_read_from_images(tmp_path, data, metadata):
     fsid = str(uuid.uuid4())
     subprocess.run(["mkfs.btrfs", "-q", "-f", "-U", fsid, "-L", "data", "-d", data, "-m", metadata,
                     *map(str, images)], check=True, capture_output=True)
-    sbs = [ps.parse_btrfs_super(ps.read_at(str(i), ps.BTRFS_SUPER_OFFSET, 4096)) for i in images]
+    sbs = [ps.superblocks.parse_btrfs_super(ps.superblocks.read_at(str(i), ps.superblocks.BTRFS_SUPER_OFFSET, 4096)) for i in images]
     assert [sb["fsid"] for sb in sbs] == [fsid, fsid]
     assert sorted(sb["devid"] for sb in sbs) == [1, 2] and sbs[0]["num_devices"] == 2 and sbs[0]["label"] == "data"
     by_devid = {sb["devid"]: str(i) for sb, i in zip(sbs, images, strict=False)}
     for sb in sbs:  # either member alone can read the chunk tree (metadata is mirrored)
-        profiles = ps.btrfs_profiles(by_devid, sb)
+        profiles = ps.superblocks.btrfs_profiles(by_devid, sb)
         assert profiles["data"] == [data] and profiles["metadata"] == [metadata], profiles
 
 
@@ -412,7 +412,7 @@ def test_xfs_superblock_from_an_image(tmp_path):
     os.truncate(image, 320 * 1024**2)
     fs_uuid = str(uuid.uuid4())
     subprocess.run(["mkfs.xfs", "-q", "-L", "data", "-m", f"uuid={fs_uuid}", str(image)], check=True)
-    assert ps.parse_xfs_super(ps.read_at(str(image), 0, 4096)) == {"uuid": fs_uuid, "label": "data"}
+    assert ps.superblocks.parse_xfs_super(ps.superblocks.read_at(str(image), 0, 4096)) == {"uuid": fs_uuid, "label": "data"}
 
 
 # --------------------------------------------------------------------------
@@ -438,7 +438,7 @@ def _plan_layout() -> dict:
     drives[1].update(signatures=[{"type": "ext4", "label": "old"}], wipe_allowed=True)
     layout = ps.decide(spec(), drives)
     for m in layout["members"]:
-        m["contents"] = ps.describe_contents(m)
+        m["contents"] = ps.drive_rules.describe_contents(m)
     return layout
 
 
@@ -635,8 +635,8 @@ def test_a_missing_drive_is_a_degraded_member_only_beside_the_roles_degraded_arr
     assert r["refusals"] == [f"storage: {gone} does not exist on this host (see ls -l /dev/disk/by-id)"]
     (root / "dev/md").mkdir()
     (root / "dev/md/data").symlink_to("../md127")
-    arrays = ps.md_arrays(fake_root)
-    assert arrays["md127"]["degraded"] == 1 and ps.named_array(fake_root, "data", arrays) == "md127"
+    arrays = ps.drives.md_arrays(fake_root)
+    assert arrays["md127"]["degraded"] == 1 and ps.drives.named_array(fake_root, "data", arrays) == "md127"
     r = ps.gather(params, root=fake_root, probe=False)
     assert r["missing"] == [gone]
     r = ps.gather({**params, "devices": params["devices"] + ["serial:NOPE"]}, root=fake_root, probe=False)

@@ -20,7 +20,7 @@ import pytest
 pf = plugin_code.load("modules", "provisioner_facts")
 dl = sys.modules[pf.gather_block_devices.__module__]  # provisioner_drive_list: the block devices
 ps = plugin_code.load("modules", "provisioner_storage")
-drives = sys.modules[ps.signatures_of.__module__]
+drives = ps.drives  # provisioner_drives, as the storage module imports it
 assert drives is sys.modules[dl.probe.__module__]
 
 FSID = "0f0e0d0c-0000-4000-8000-000000000001"
@@ -202,7 +202,7 @@ def test_probe_at_an_offset_and_without_tags(monkeypatch):
 def test_the_modules_wrappers(monkeypatch, wipefs, blkid, module, facts):
     """The storage module lists every signature (wipefs), the facts what blkid names first."""
     _fake(monkeypatch, wipefs, blkid)
-    assert ps.signatures_of("/dev/loop0") == module
+    assert ps.drives.signatures_of("/dev/loop0") == module
     assert dl.probe_device("/dev/loop0") == facts
 
 
