@@ -343,6 +343,18 @@ def run_wrk(wrk: str, lua: str, url: str, connections: int, seconds: float) -> d
     return parse_wrk(r.stdout)
 
 
+def ship_server(source: str, workdir: str) -> str:
+    """Copy the model server and its parts (provisioner_serve_*.py beside it, which it imports from
+    its own directory) into the work directory, readable by the ML user; the server's path there."""
+    here = os.path.dirname(os.path.abspath(source))
+    parts = sorted(n for n in os.listdir(here) if n.startswith("provisioner_serve_") and n.endswith(".py"))
+    for src, name in [(source, "provisioner_serve.py"), *((os.path.join(here, n), n) for n in parts)]:
+        dest = os.path.join(workdir, name)
+        shutil.copyfile(src, dest)
+        os.chmod(dest, 0o644)
+    return os.path.join(workdir, "provisioner_serve.py")
+
+
 def drive(runner: Any) -> dict[str, Any]:
     """The model server under HTTP load: the deployed one when it answers (tuned mode), else a
     throwaway one on free loopback ports with a 200-tree XGBoost model, at 1, 8 and 32 connections."""
@@ -356,9 +368,7 @@ def drive(runner: Any) -> dict[str, Any]:
             "error": f"serving: the model server script is missing ({source or 'no --serve-script'}): "
             "the smoke role ships it from roles/serving/files"
         }
-    serve = os.path.join(runner.workdir, "provisioner_serve.py")
-    shutil.copyfile(source, serve)
-    os.chmod(serve, 0o644)
+    serve = ship_server(source, runner.workdir)
     target, why = deployed_server(args.serving_config) if args.mode == "tuned" else (None, "baseline mode: the naive setup")
     registry = os.path.join(runner.workdir, "registry")
     if target is None:

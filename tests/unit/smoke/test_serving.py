@@ -77,3 +77,30 @@ def test_free_ports_are_consecutive_and_free():
     for port in range(base, base + 3):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_the_server_is_shipped_with_its_parts_readable_by_the_ml_user(tmp_path):
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for name in ("provisioner_serve.py", "provisioner_serve_app.py", "provisioner_serve_config.py", "other.py"):
+        (shipped / name).write_text(f"# {name}\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    serve = serving.ship_server(str(shipped / "provisioner_serve.py"), str(work))
+    assert serve == str(work / "provisioner_serve.py")
+    assert sorted(p.name for p in work.iterdir()) == ["provisioner_serve.py", "provisioner_serve_app.py",
+                                                      "provisioner_serve_config.py"]
+    assert all(oct(p.stat().st_mode & 0o777) == "0o644" for p in work.iterdir())
+
+
+def test_the_serving_model_loads_the_real_server_and_its_parts_from_the_work_directory(tmp_path):
+    """The real roles/serving/files, shipped as the drive ships them, load as the worker loads them."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    serve = serving.ship_server(str(root / "roles/serving/files/provisioner_serve.py"), str(tmp_path))
+    code = ("import sys; from provisioner.smoke.workloads import serving; "
+            f"m = serving._serve_module({serve!r}); print(m.__file__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0 and r.stdout.strip() == serve, r.stderr[-2000:]
