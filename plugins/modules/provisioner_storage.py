@@ -304,13 +304,8 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     md_device = result["md_device"]
     fs_device = None
     if backend == "btrfs":
-        if adopt_fs:
-            result["action"] = "adopt"
-            result["existing"] = adopt_fs
-            fs_uuid = adopt_fs["uuid"]
-        else:
-            result["action"] = "create"
-            fs_uuid = drive_arrays.planned_uuid("btrfs", members, spec)
+        fs_uuid = _adopt_or_create(result, adopt_fs, "btrfs", members, spec)
+        if not adopt_fs:
             argv = ["mkfs.btrfs"] + (["--force"] if force else []) + [
                 "--label", name, "--uuid", fs_uuid, "--data", data_profile, "--metadata", meta_profile] + paths
             commands.append({"argv": argv, "why": f"create btrfs data {data_profile}, metadata {meta_profile} over {len(members):d} drive(s)"})
@@ -384,13 +379,8 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         result["chunk_kb"] = chunk
         result["stripe_width"] = sw
     else:
-        if adopt_fs:
-            result["action"] = "adopt"
-            result["existing"] = adopt_fs
-            fs_uuid = adopt_fs["uuid"]
-        else:
-            result["action"] = "create"
-            fs_uuid = drive_arrays.planned_uuid("xfs", members, spec)
+        fs_uuid = _adopt_or_create(result, adopt_fs, "xfs", members, spec)
+        if not adopt_fs:
             commands.append({"argv": _mkfs_xfs(name, fs_uuid, None, None, level, force, paths[0]),
                              "why": "create XFS directly on {}".format(members[0]["id"])})
         fs_device = paths[0]
@@ -421,6 +411,17 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     result["needs_md_driver"] = uses_md and any(c["argv"][0] == "mdadm" for c in commands)
     result["refusals"] = []
     return result
+
+
+def _adopt_or_create(result, adopt_fs, kind, members, spec):
+    """The UUID of the filesystem straight on the drives (btrfs, or XFS on one drive): the one adopted
+    (ADOPT_FS, what the drives carry) or the planned one of a new filesystem of KIND; sets the action."""
+    if adopt_fs:
+        result["action"] = "adopt"
+        result["existing"] = adopt_fs
+        return adopt_fs["uuid"]
+    result["action"] = "create"
+    return drive_arrays.planned_uuid(kind, members, spec)
 
 
 def _refuse(result, message):
