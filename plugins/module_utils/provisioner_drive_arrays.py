@@ -13,7 +13,13 @@ import uuid
 
 # A sibling in the same module_utils package, by either name Ansible gives it (ansible.module_utils from the
 # checkout, ansible_collections.provisioner.ml.plugins.module_utils installed): one import serves both.
-from .provisioner_drive_rules import describe_contents, has_contents
+try:  # installed as the provisioner.ml collection
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
+        describe_contents,
+        has_contents,
+    )
+except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
+    from ansible.module_utils.provisioner_drive_rules import describe_contents, has_contents
 
 UUID_NAMESPACE = uuid.UUID("6f1d3b52-57c1-4c8e-9a53-7a4f0c2d8e11")
 WIPE_HINT = "add it to storage_wipe_devices to allow wiping it"

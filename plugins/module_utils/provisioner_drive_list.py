@@ -17,10 +17,23 @@ import re
 
 # Siblings in the same module_utils package, by either name Ansible gives it (ansible.module_utils from the
 # checkout, ansible_collections.provisioner.ml.plugins.module_utils installed): one import serves both.
-from .provisioner_common import parse_mountinfo, path_in, read_line, read_text, run, to_int
-from .provisioner_constants import SYSTEM_MOUNTPOINTS
-from .provisioner_drive_rules import sort_by_id
-from .provisioner_drives import by_id_links, parse_swaps, probe
+try:  # installed as the provisioner.ml collection
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
+        parse_mountinfo,
+        path_in,
+        read_line,
+        read_text,
+        run,
+        to_int,
+    )
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import sort_by_id
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drives import by_id_links, parse_swaps, probe
+except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
+    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, read_text, run, to_int
+    from ansible.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
+    from ansible.module_utils.provisioner_drive_rules import sort_by_id
+    from ansible.module_utils.provisioner_drives import by_id_links, parse_swaps, probe
 
 
 def _to_bool(value):

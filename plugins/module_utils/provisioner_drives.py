@@ -28,16 +28,32 @@ import struct
 
 # Siblings in the same module_utils package, by either name Ansible gives it (ansible.module_utils from the
 # checkout, ansible_collections.provisioner.ml.plugins.module_utils installed): one import serves both.
-from .provisioner_common import path_in, read_line, run, to_int
-from .provisioner_drive_rules import norm_serial, norm_wwn, sort_by_id
-from .provisioner_superblocks import (
-    BTRFS_SUPER_OFFSET,
-    MD_SUPER_1_2_OFFSET,
-    parse_btrfs_super,
-    parse_md_super,
-    parse_xfs_super,
-    read_at,
-)
+try:  # installed as the provisioner.ml collection
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import path_in, read_line, run, to_int
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
+        norm_serial,
+        norm_wwn,
+        sort_by_id,
+    )
+    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_superblocks import (
+        BTRFS_SUPER_OFFSET,
+        MD_SUPER_1_2_OFFSET,
+        parse_btrfs_super,
+        parse_md_super,
+        parse_xfs_super,
+        read_at,
+    )
+except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
+    from ansible.module_utils.provisioner_common import path_in, read_line, run, to_int
+    from ansible.module_utils.provisioner_drive_rules import norm_serial, norm_wwn, sort_by_id
+    from ansible.module_utils.provisioner_superblocks import (
+        BTRFS_SUPER_OFFSET,
+        MD_SUPER_1_2_OFFSET,
+        parse_btrfs_super,
+        parse_md_super,
+        parse_xfs_super,
+        read_at,
+    )
 
 
 def parse_swaps(text):
