@@ -10,8 +10,9 @@ Each module also holds its target half, run on the host from the smoke zipapp: S
 in the quick and full profiles, keys prefixed as the raw result's "sizes" names them), WORKERS
 (task -> the measuring function a worker runs in the ML environment), optionally drive(runner)
 (its root-parent step: the parent otherwise runs its one worker) and ONLY_WHEN_NAMED (run only
-when --only names it). The registry derives from them what the target's parent runs: PROFILES,
-TASKS, CLUSTER_TASKS and WORKERS.
+when --only names it: smoke_workloads: [hgb], or smoke_cluster for cluster). The registry derives
+from them what the target's parent runs: PROFILES, TASKS (the default run), CLUSTER_TASKS (every
+workload run only when named, the Ray cluster's run among them) and WORKERS.
 
 The workload modules import provisioner.smoke.base, provisioner.smoke.hardware and the target's
 standard-library helpers (target.ml, target.probe) only; this registry imports them, and the
@@ -30,6 +31,7 @@ from . import (
     features,
     gbdt,
     gemm,
+    hgb,
     hpo,
     inference,
     matrix,
@@ -55,6 +57,7 @@ WORKLOADS: tuple[ModuleType, ...] = (
     matrix,
     dataloader,
     tensorflow,
+    hgb,
     cluster,
 )
 
