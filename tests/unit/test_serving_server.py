@@ -27,10 +27,11 @@ import joblib
 import lightgbm
 import numpy as np
 import pytest
-import smoke_script
 import xgboost
 from prometheus_client.parser import text_string_to_metric_families
 from sklearn.linear_model import LogisticRegression
+
+from provisioner.smoke.workloads import serving as serving_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "roles" / "serving" / "files" / "provisioner_serve.py"
@@ -108,8 +109,8 @@ def pad(directory: Path, size: int = PAD) -> None:
 # Servers and HTTP
 
 
-# The smoke script's: a port p with p .. p+count-1 free on 127.0.0.1, as the throwaway servers on the hosts use.
-free_base = smoke_script.load().free_ports
+# The serving workload's: a port p with p .. p+count-1 free on 127.0.0.1, as the throwaway servers on the hosts use.
+free_base = serving_workload.free_ports
 
 
 def write_config(
@@ -555,7 +556,10 @@ def test_a_copy_with_its_parts_runs_and_loads_as_a_module_from_anywhere(padded: 
     write_config(config_path, padded["registry"], [{"name": "e", "version": "1"}], budget=3 * PAD)
     result = subprocess.run(
         [sys.executable, "-I", str(copy / SERVER.name), "--config", str(config_path), "--check"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     assert [m["name"] for m in json.loads(result.stdout)["models"]] == ["e"]
@@ -570,7 +574,10 @@ def test_a_copy_with_its_parts_runs_and_loads_as_a_module_from_anywhere(padded: 
     )
     result = subprocess.run(
         [sys.executable, "-I", "-c", code, str(copy / SERVER.name), str(padded["registry"])],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["xgboost", "6", "provisioner_serve_models"]
