@@ -27,7 +27,7 @@ import re
 import struct
 
 # Siblings in the same module_utils package, by either name Ansible gives it (ansible.module_utils from the
-# checkout, ansible_collections.provisioner.ml.plugins.module_utils installed): one import serves both.
+# checkout, ansible_collections.provisioner.ml.plugins.module_utils installed). Absolute names only: Mitogen's module finder does not follow relative imports.
 try:  # installed as the provisioner.ml collection
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import path_in, read_line, run, to_int
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
