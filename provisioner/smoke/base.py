@@ -116,6 +116,23 @@ def grade(ratio: float, grades: tuple[float, float]) -> str:
     return PASS if ratio >= ok else WARN if ratio >= warn else FAIL
 
 
+def linear_scaling(
+    all_rate: float, one_rate: float, cores: int, grades: tuple[float, float], scale: float = 1e6
+) -> tuple[float, float, float, str, str]:
+    """A rate on every core against the same work's one-thread rate x the cores (where no hardware
+    figure bounds it), both shown divided by SCALE: (figure, limit, ratio, status, reason); slower
+    on every core than on one fails."""
+    fig = all_rate / scale
+    limit = one_rate * cores / scale
+    ratio = fig / limit
+    speedup = all_rate / one_rate
+    status = FAIL if speedup < 1 else grade(ratio, grades)
+    reason = f"1 -> {cores} cores: {speedup:.1f}x ({ratio:.0%} of linear)"
+    if status != PASS:
+        reason += "; more threads barely help: oversubscription, a thread cap, or memory-bound"
+    return fig, limit, ratio, status, reason
+
+
 def _problem(check_id: str, group: str, title: str, result: dict[str, Any]) -> Check | None:
     """A check for a workload that could not run (skipped) or failed, else None."""
     if "skipped" in result:

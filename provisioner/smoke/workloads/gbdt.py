@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..base import FAIL, PASS, Check, _problem, grade
+from ..base import Check, _problem, linear_scaling
 from ..target.ml import _data, _env_default, _missing, median
 
 NAME = "gbdt"
@@ -159,16 +159,7 @@ def gbdt_checks(raw: dict[str, Any], gbdt: dict[str, Any]) -> list[Check]:
             continue
         allc, one = res["all"], res["one"]
         cores = int(raw.get("threads") or 1)
-        fig = allc["row_trees_per_s"] / 1e6
-        limit = one["row_trees_per_s"] * cores / 1e6
-        ratio = fig / limit
-        speedup = allc["row_trees_per_s"] / one["row_trees_per_s"]
-        status = grade(ratio, GBDT_GRADES)
-        if speedup < 1:
-            status = FAIL
-        reason = f"1 -> {cores} cores: {speedup:.1f}x ({ratio:.0%} of linear)"
-        if status != PASS:
-            reason += "; more threads barely help: oversubscription, a thread cap, or memory-bound"
+        fig, limit, ratio, status, reason = linear_scaling(allc["row_trees_per_s"], one["row_trees_per_s"], cores, GBDT_GRADES)
         detail = (
             f"{gbdt.get('rows'):,} x {gbdt.get('cols')}, depth {gbdt.get('depth')}, {allc['trees']} trees on "
             f"{allc['threads']} threads, {one['trees']} on 1; median of {len(allc.get('times_s', []))}; "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..base import FAIL, PASS, Check, _problem, grade
+from ..base import Check, _problem, linear_scaling
 from ..target.ml import _data, _env_default, _missing, median
 
 NAME = "hgb"
@@ -98,14 +98,9 @@ def checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
         return [problem]
     allc, one = result["all"], result["one"]
     cores = int(raw.get("threads") or 1)
-    fig = allc["row_iterations_per_s"] / 1e6
-    limit = one["row_iterations_per_s"] * cores / 1e6
-    ratio = fig / limit
-    speedup = allc["row_iterations_per_s"] / one["row_iterations_per_s"]
-    status = FAIL if speedup < 1 else grade(ratio, HGB_GRADES)
-    reason = f"1 -> {cores} cores: {speedup:.1f}x ({ratio:.0%} of linear)"
-    if status != PASS:
-        reason += "; more threads barely help: oversubscription, a thread cap, or memory-bound"
+    fig, limit, ratio, status, reason = linear_scaling(
+        allc["row_iterations_per_s"], one["row_iterations_per_s"], cores, HGB_GRADES
+    )
     detail = (
         f"{result.get('rows'):,} x {result.get('cols')}, {allc['iterations']} iterations on {allc['threads']} threads, "
         f"{one['iterations']} on 1; median of {len(allc.get('times_s', []))}; scikit-learn {result.get('sklearn')}"
