@@ -18,19 +18,12 @@ import re
 # Siblings in the same module_utils package, by either name Ansible gives it (ansible.module_utils from the
 # checkout, ansible_collections.provisioner.ml.plugins.module_utils installed). Absolute names only: Mitogen's module finder does not follow relative imports.
 try:  # installed as the provisioner.ml collection
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import (
-        parse_mountinfo,
-        path_in,
-        read_line,
-        read_text,
-        run,
-        to_int,
-    )
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_common as common
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import sort_by_id
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drives import by_id_links, parse_swaps, probe
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
-    from ansible.module_utils.provisioner_common import parse_mountinfo, path_in, read_line, read_text, run, to_int
+    from ansible.module_utils import provisioner_common as common  # type: ignore[no-redef]
     from ansible.module_utils.provisioner_constants import SYSTEM_MOUNTPOINTS
     from ansible.module_utils.provisioner_drive_rules import sort_by_id
     from ansible.module_utils.provisioner_drives import by_id_links, parse_swaps, probe
@@ -90,7 +83,7 @@ def _lsblk_found(data, mounts_by_majmin):
     for disk in data.get("blockdevices") or []:
         name = disk.get("kname") or disk.get("name")
         kind = (disk.get("type") or "").lower()
-        size = to_int(disk.get("size"), 0)
+        size = common.to_int(disk.get("size"), 0)
         if _skip_device(name, kind, size) or kind in ("part",):
             continue
         mountpoints, partitions, signatures, holders = [], [], [], []
@@ -177,42 +170,42 @@ def parse_sysfs_block(root="/", root_disks=(), by_id=None, mounts_by_majmin=None
 
 
 def _sysfs_found(root, mounts_by_majmin, swaps):
-    for path in sorted(glob.glob(path_in(root, "/sys/block/*"))):
+    for path in sorted(glob.glob(common.path_in(root, "/sys/block/*"))):
         name = os.path.basename(path)
         base = "/sys/block/" + name
-        size = to_int(read_line(root, base + "/size"), 0) * 512
+        size = common.to_int(common.read_line(root, base + "/size"), 0) * 512
         kind = "loop" if name.startswith("loop") else "disk"
         if name.startswith(("dm-", "md")):
             continue  # holders, reported under their members
         if _skip_device(name, kind, size):
             continue
         partitions = sorted(
-            os.path.basename(os.path.dirname(p)) for p in glob.glob(path_in(root, base + "/*/partition"))
+            os.path.basename(os.path.dirname(p)) for p in glob.glob(common.path_in(root, base + "/*/partition"))
         )
         holders = []
         for node in [name, *partitions]:
             directory = base + ("/" + node if node != name else "") + "/holders"
-            for holder in sorted(glob.glob(path_in(root, directory + "/*"))):
+            for holder in sorted(glob.glob(common.path_in(root, directory + "/*"))):
                 holder = os.path.basename(holder)
                 if holder not in holders:
                     holders.append(holder)
         signatures = []
         for holder in holders:
-            level = read_line(root, f"/sys/block/{holder}/md/level")
+            level = common.read_line(root, f"/sys/block/{holder}/md/level")
             if level and level not in signatures:
                 signatures.append(level)
         mountpoints = []
         for node in [name, *partitions, *holders]:
             sub = base + "/" + node if node in partitions else "/sys/block/" + node
-            majmin = read_line(root, sub + "/dev")
+            majmin = common.read_line(root, sub + "/dev")
             for point in mounts_by_majmin.get(majmin, []):
                 if point not in mountpoints:
                     mountpoints.append(point)
             if "/dev/" + node in swaps and "[SWAP]" not in mountpoints:
                 mountpoints.append("[SWAP]")
-        model = read_line(root, base + "/device/model")
-        serial = read_line(root, base + "/device/serial") or read_line(root, base + "/serial")
-        wwn = read_line(root, base + "/wwid") or read_line(root, base + "/device/wwid")
+        model = common.read_line(root, base + "/device/model")
+        serial = common.read_line(root, base + "/device/serial") or common.read_line(root, base + "/serial")
+        wwn = common.read_line(root, base + "/wwid") or common.read_line(root, base + "/device/wwid")
         yield name, kind, (mountpoints, partitions, signatures, holders), dict(
             path="/dev/" + name,
             size=size,
@@ -220,22 +213,22 @@ def _sysfs_found(root, mounts_by_majmin, swaps):
             serial=serial,
             wwn=wwn,
             transport="nvme" if name.startswith("nvme") else None,
-            rotational=read_line(root, base + "/queue/rotational") == "1",
-            removable=read_line(root, base + "/removable") == "1",
-            read_only=read_line(root, base + "/ro") == "1",
-            backing_file=read_line(root, base + "/loop/backing_file"),
+            rotational=common.read_line(root, base + "/queue/rotational") == "1",
+            removable=common.read_line(root, base + "/removable") == "1",
+            read_only=common.read_line(root, base + "/ro") == "1",
+            backing_file=common.read_line(root, base + "/loop/backing_file"),
         )
 
 
 def sysfs_disks_for(root, majmin=None, name=None):
     """Whole-disk kernel names under one block device (partition -> disk, dm/md -> members)."""
     index = {}
-    for dev_file in glob.glob(path_in(root, "/sys/block/*/dev")):
-        index[read_line("/", dev_file)] = (os.path.basename(os.path.dirname(dev_file)), None)
-    for part_file in glob.glob(path_in(root, "/sys/block/*/*/partition")):
+    for dev_file in glob.glob(common.path_in(root, "/sys/block/*/dev")):
+        index[common.read_line("/", dev_file)] = (os.path.basename(os.path.dirname(dev_file)), None)
+    for part_file in glob.glob(common.path_in(root, "/sys/block/*/*/partition")):
         part_dir = os.path.dirname(part_file)
         disk = os.path.basename(os.path.dirname(part_dir))
-        index[read_line("/", part_dir + "/dev")] = (disk, os.path.basename(part_dir))
+        index[common.read_line("/", part_dir + "/dev")] = (disk, os.path.basename(part_dir))
     target = None
     if majmin and majmin in index:
         target = index[majmin]
@@ -249,7 +242,7 @@ def sysfs_disks_for(root, majmin=None, name=None):
     disk, _part = target
     if disk.startswith(("dm-", "md")):
         members = set()
-        for slave in glob.glob(path_in(root, f"/sys/block/{disk}/slaves/*")):
+        for slave in glob.glob(common.path_in(root, f"/sys/block/{disk}/slaves/*")):
             members |= sysfs_disks_for(root, name=os.path.basename(slave))
         return members
     return {disk}
@@ -305,7 +298,7 @@ def mounted_btrfs_members(root="/"):
     The kernel lists every member there, while the mount table names one of them as the source;
     readable without root and without a udev database (containers)."""
     members: dict[str, str] = {}
-    for directory in sorted(glob.glob(path_in(root, "/sys/fs/btrfs/*/devices"))):
+    for directory in sorted(glob.glob(common.path_in(root, "/sys/fs/btrfs/*/devices"))):
         fsid = os.path.basename(os.path.dirname(directory))
         if not UUID_RE.match(fsid):
             continue
@@ -331,8 +324,9 @@ def _add_mounts_by_source(devices, mounts, root):
 def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
     warnings = warnings if warnings is not None else []
     sources = sources if sources is not None else {}
-    mounts = parse_mountinfo(read_text(root, "/proc/self/mountinfo", "") or read_text(root, "/proc/1/mountinfo", ""))
-    swaps = parse_swaps(read_text(root, "/proc/swaps", ""))
+    mountinfo = common.read_text(root, "/proc/self/mountinfo", "") or common.read_text(root, "/proc/1/mountinfo", "")
+    mounts = common.parse_mountinfo(mountinfo)
+    swaps = parse_swaps(common.read_text(root, "/proc/swaps", ""))
     mounts_by_majmin: dict[str, list[str]] = {}
     for mount in mounts:
         mounts_by_majmin.setdefault(mount["majmin"], []).append(mount["mountpoint"])
@@ -341,10 +335,10 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
 
     devices = None
     if root == "/":
-        proc = run(["lsblk", "-J", "-b", "-O"])
+        proc = common.run(["lsblk", "-J", "-b", "-O"])
         if proc is None or proc.returncode != 0:
-            proc = run(["lsblk", "-J", "-b", "-o", "NAME,KNAME,PATH,MAJ:MIN,TYPE,SIZE,FSTYPE,PTTYPE,MOUNTPOINT,"
-                                                    "ROTA,RM,RO,MODEL,SERIAL,WWN,TRAN,UUID"])
+            proc = common.run(["lsblk", "-J", "-b", "-o", "NAME,KNAME,PATH,MAJ:MIN,TYPE,SIZE,FSTYPE,PTTYPE,MOUNTPOINT,"
+                                                           "ROTA,RM,RO,MODEL,SERIAL,WWN,TRAN,UUID"])
         if proc is not None and proc.returncode == 0:
             try:
                 devices = parse_lsblk(proc.stdout, root_disks=root_disks, by_id=by_id,
@@ -363,7 +357,7 @@ def gather_block_devices(root="/", warnings=None, sources=None, probe=True):
 
     for device in devices:
         if device["loop"] and not device.get("backing_file"):
-            device["backing_file"] = read_line(root, "/sys/block/{}/loop/backing_file".format(device["name"]))
+            device["backing_file"] = common.read_line(root, "/sys/block/{}/loop/backing_file".format(device["name"]))
         if "[SWAP]" not in device["mountpoints"]:
             names = [device["name"]] + device["partitions"]
             if any("/dev/" + n in swaps for n in names):

@@ -29,31 +29,17 @@ import struct
 # Siblings in the same module_utils package, by either name Ansible gives it (ansible.module_utils from the
 # checkout, ansible_collections.provisioner.ml.plugins.module_utils installed). Absolute names only: Mitogen's module finder does not follow relative imports.
 try:  # installed as the provisioner.ml collection
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_superblocks as superblocks
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_common import path_in, read_line, run, to_int
     from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_drive_rules import (
         norm_serial,
         norm_wwn,
         sort_by_id,
     )
-    from ansible_collections.provisioner.ml.plugins.module_utils.provisioner_superblocks import (
-        BTRFS_SUPER_OFFSET,
-        MD_SUPER_1_2_OFFSET,
-        parse_btrfs_super,
-        parse_md_super,
-        parse_xfs_super,
-        read_at,
-    )
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
+    from ansible.module_utils import provisioner_superblocks as superblocks  # type: ignore[no-redef]
     from ansible.module_utils.provisioner_common import path_in, read_line, run, to_int
     from ansible.module_utils.provisioner_drive_rules import norm_serial, norm_wwn, sort_by_id
-    from ansible.module_utils.provisioner_superblocks import (
-        BTRFS_SUPER_OFFSET,
-        MD_SUPER_1_2_OFFSET,
-        parse_btrfs_super,
-        parse_md_super,
-        parse_xfs_super,
-        read_at,
-    )
 
 
 def parse_swaps(text):
@@ -298,12 +284,12 @@ def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
     device["signatures"] = sigs or []
     device["probe_error"] = error
     for name, offset, parser in (
-        ("btrfs", BTRFS_SUPER_OFFSET, parse_btrfs_super),
-        ("md", MD_SUPER_1_2_OFFSET, parse_md_super),
-        ("xfs", 0, parse_xfs_super),
+        ("btrfs", superblocks.BTRFS_SUPER_OFFSET, superblocks.parse_btrfs_super),
+        ("md", superblocks.MD_SUPER_1_2_OFFSET, superblocks.parse_md_super),
+        ("xfs", 0, superblocks.parse_xfs_super),
     ):
         try:
-            device[name] = parser(read_at(path, offset, 4096))
+            device[name] = parser(superblocks.read_at(path, offset, 4096))
         except (OSError, struct.error, ValueError) as exc:
             if device["probe_error"] is None and not isinstance(exc, struct.error):
                 device["probe_error"] = f"cannot read {path}: {exc}"
@@ -386,7 +372,7 @@ def replaced_filesystems(wiped):
         md = m.get("md")
         if md and md.get("data_offset"):
             try:
-                xfs = parse_xfs_super(read_at(m["path"], md["data_offset"], 4096))
+                xfs = superblocks.parse_xfs_super(superblocks.read_at(m["path"], md["data_offset"], 4096))
             except OSError:
                 xfs = None
             if xfs:

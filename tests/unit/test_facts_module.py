@@ -106,7 +106,7 @@ def test_parse_meminfo_converts_kb_to_bytes():
 
 
 def test_parse_mountinfo_and_swaps():
-    mounts = dl.parse_mountinfo(
+    mounts = dl.common.parse_mountinfo(
         "27 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw\n"
         "30 27 259:1 / /boot/efi rw,relatime shared:5 - vfat /dev/nvme0n1p1 rw\n"
         "31 27 0:45 / /mnt/with\\040space rw - tmpfs tmpfs rw\n"
