@@ -153,18 +153,16 @@ def drive(runner: Any) -> dict[str, Any]:
 FEATURES_GRADES = (0.3, 0.15)
 
 
-def features_checks(raw: dict[str, Any], fe: dict[str, Any]) -> list[Check]:
+def features_checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
     """The same feature pipeline in Polars (held against its one-thread rate x the threads) and in pandas."""
     group = "feature engineering"
-    problem = _problem("features.polars", group, "Polars feature pipeline", fe)
+    problem = _problem("features.polars", group, "Polars feature pipeline", result)
     if problem:
         return [problem]
-    pol, one = fe["polars"], fe.get("polars_one") or {}
+    pol, one = result["polars"], result.get("polars_one") or {}
     fig = pol["rows_per_s"] / 1e6
     threads = int(pol.get("threads") or 1)
-    detail = (
-        f"{fe['rows']:,} rows in memory: {fe['pipeline']}; median of {len(pol.get('times_s', []))}; polars {pol.get('version')}"
-    )
+    detail = f"{result['rows']:,} rows in memory: {result['pipeline']}; median of {len(pol.get('times_s', []))}; polars {pol.get('version')}"
     out = []
     if "rows_per_s" in one and threads > 1:
         limit = one["rows_per_s"] * threads / 1e6
@@ -208,7 +206,7 @@ def features_checks(raw: dict[str, Any], fe: dict[str, Any]) -> list[Check]:
         check.status = FAIL
         check.reason = f"Polars runs {threads} threads, the plan says {want} (POLARS_MAX_THREADS); " + check.reason
     out.append(check)
-    pd_ = fe.get("pandas")
+    pd_ = result.get("pandas")
     if pd_:
         same = pd_.get("result_rows") == pol.get("result_rows")
         out.append(
@@ -228,8 +226,7 @@ def features_checks(raw: dict[str, Any], fe: dict[str, Any]) -> list[Check]:
     return out
 
 
-def checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
-    return features_checks(raw, result)
+checks = features_checks
 
 
 def spreads(fe: dict[str, Any]) -> dict[str, list[float] | None]:

@@ -535,30 +535,30 @@ def _failed_requests(serving: dict[str, Any]) -> list[str]:
     return out
 
 
-def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
+def serving_checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
     """The model server under wrk: requests/s and p99 at 8 connections, failed requests at every level,
     the other levels and the in-process rate reported."""
     title = "model server requests/s"
-    problem = _problem("serving.rps", "serving", title, serving)
+    problem = _problem("serving.rps", "serving", title, result)
     if problem:
         return [problem]
-    level = serving_level(serving)
+    level = serving_level(result)
     if level is None or level.get("requests_per_s") is None:
         return [Check("serving.rps", "serving", title, FAIL, f"no figures at {SERVING_CONNECTIONS} connections")]
-    model = serving.get("model") or {}
-    target = serving.get("target", "throwaway")
+    model = result.get("model") or {}
+    target = result.get("target", "throwaway")
     what = (
-        f"{target} server, {serving.get('workers_how')}; "
-        f"{serving.get('model_name') or 'smoke/1'} {model.get('framework', '')} "
+        f"{target} server, {result.get('workers_how')}; "
+        f"{result.get('model_name') or 'smoke/1'} {model.get('framework', '')} "
         + (f"{model.get('trees')} trees depth {model.get('depth')}, " if model.get("trees") else "")
         + f"{model.get('features')} features"
     )
     runs = len(level.get("runs") or [1])
     detail = f"{what}; wrk -t1, {level.get('seconds')} s x {runs} per level, one JSON row per POST"
     short = f"{target} server, wrk at {SERVING_CONNECTIONS} connections"
-    failed = _failed_requests(serving)
+    failed = _failed_requests(result)
     cores = int(raw.get("cpu", {}).get("physical_cores") or 1)
-    inproc = (serving.get("inproc") or {}).get("per_s")
+    inproc = (result.get("inproc") or {}).get("per_s")
     rps = float(level["requests_per_s"])
     p50 = level.get("p50_ms")
     out = []
@@ -582,7 +582,7 @@ def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
         )
         rps_check = Check("serving.rps", "serving", title, status, reason, rps, "requests/s", limit, basis, ratio, detail=detail)
     else:
-        why = serving.get("inproc_error") or "the in-process rate was not measured"
+        why = result.get("inproc_error") or "the in-process rate was not measured"
         rps_check = Check(
             "serving.rps", "serving", title, INFO, f"reported without a limit: {why}", rps, "requests/s", detail=detail
         )
@@ -611,8 +611,8 @@ def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
                 detail=short,
             )
         )
-    total = sum(int(lv.get("requests") or 0) for lv in serving.get("levels") or [])
-    bad = sum(int(lv.get("socket_errors") or 0) + int(lv.get("non_2xx") or 0) for lv in serving.get("levels") or [])
+    total = sum(int(lv.get("requests") or 0) for lv in result.get("levels") or [])
+    bad = sum(int(lv.get("socket_errors") or 0) + int(lv.get("non_2xx") or 0) for lv in result.get("levels") or [])
     out.append(
         Check(
             "serving.errors",
@@ -621,7 +621,7 @@ def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
             FAIL if failed else PASS,
             "; ".join(failed)
             if failed
-            else f"none of {total:,} requests at {', '.join(str(lv.get('connections')) for lv in serving.get('levels') or [])} connections",
+            else f"none of {total:,} requests at {', '.join(str(lv.get('connections')) for lv in result.get('levels') or [])} connections",
             float(bad),
             "requests",
             basis="every request at every level answered 2xx",
@@ -629,7 +629,7 @@ def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
             detail=f"{target} server, wrk socket errors and non-2xx responses",
         )
     )
-    for lv in serving.get("levels") or []:
+    for lv in result.get("levels") or []:
         c = lv.get("connections")
         if c == SERVING_CONNECTIONS or lv.get("requests_per_s") is None:
             continue
@@ -646,7 +646,7 @@ def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
             )
         )
     if inproc:
-        ip = serving["inproc"]
+        ip = result["inproc"]
         out.append(
             Check(
                 "serving.inproc",
@@ -662,8 +662,7 @@ def serving_checks(raw: dict[str, Any], serving: dict[str, Any]) -> list[Check]:
     return out
 
 
-def checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
-    return serving_checks(raw, result)
+checks = serving_checks
 
 
 def spreads(serving: dict[str, Any]) -> dict[str, list[float] | None]:
