@@ -131,19 +131,19 @@ def up(
     smokes = smoke_after and not tags and not skip_tags
     applied = ("plan", *roles_for_tags(tags, skip_tags), *(("smoke",) if smokes else ()))
     recorded = {APPLIED_OPTIONS_VAR: applied_options(extravars, applied)}
+    # How both runs on the hosts reach them, site.yml's and the smoke test's at the end.
+    reach: dict[str, Any] = {"limit": limit, "accept_new_host_keys": accept_new_host_keys, "on_progress": on_progress}
     run = engine.run_playbook(
         "site.yml",
         inv,
         batch=rolling,
         max_fail=threshold,
-        limit=limit,
         tags=tags,
         skip_tags=skip_tags,
         check=check,
         extravars={**(extravars or {}), **recorded},
         verbosity=verbosity,
-        accept_new_host_keys=accept_new_host_keys,
-        on_progress=on_progress,
+        **reach,
     )
     outcome = UpOutcome(run, decide(run.facts, run.hostvars, allow_reboot=reboot and not check))
     errors = list(run.errors)
@@ -154,9 +154,7 @@ def up(
     if verify_after and not check and outcome.exit_code == ExitCode.OK:
         outcome.verified = run_checks(inv, limit=limit, roles=roles_for_tags(tags, skip_tags), extravars=extravars)
     if smokes and not check and outcome.exit_code == ExitCode.OK:
-        outcome.smoked = measure(
-            inv, limit=limit, extravars=extravars, accept_new_host_keys=accept_new_host_keys, on_progress=on_progress
-        )
+        outcome.smoked = measure(inv, extravars=extravars, **reach)
         errors += outcome.smoked.run.errors
         outcome.published, published = publish_metrics(inv, outcome.smoked.reports, accept_new_host_keys=accept_new_host_keys)
         errors += outcome.published.errors if outcome.published else []
