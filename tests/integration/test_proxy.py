@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import re
 import select
 import shutil
@@ -61,6 +62,11 @@ def _pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
+def _key_usage(*allowed: str) -> x509.KeyUsage:
+    """A key usage extension that allows ALLOWED (named as x509.KeyUsage's arguments) and nothing else."""
+    return x509.KeyUsage(**{usage: usage in allowed for usage in inspect.signature(x509.KeyUsage).parameters})
+
+
 class InspectingProxy:
     """A TLS-inspecting HTTP proxy as companies run them: CONNECT host:443 is answered, the client's
     TLS is ended with a certificate for that host signed by the proxy's own CA (sent along with the
@@ -81,20 +87,7 @@ class InspectingProxy:
             .not_valid_before(now - datetime.timedelta(days=1))
             .not_valid_after(now + datetime.timedelta(days=30))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage("digital_signature", "key_cert_sign", "crl_sign"), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._ca_key.public_key()), critical=False)
             .sign(self._ca_key, hashes.SHA256())
         )
@@ -262,8 +255,6 @@ def lock(tmp_path_factory) -> Path:
         yaml.safe_dump({"schema": 1, "python_version": "3.11", "glibc": "2.28", "arch": "x86_64", "components": {"core": [pin]}})
     )
     return path
-
-
 
 
 def one_line(r: subprocess.CompletedProcess) -> str:
