@@ -70,6 +70,12 @@ class Ssh(NamedTuple):
     connect_timeout: int
 
 
+def _reach(hosts: Hosts, ssh: Ssh) -> dict[str, Any]:
+    """The keyword arguments every command run on the hosts takes from --limit and
+    --accept-new-host-keys (--connect-timeout holds for the whole command: _finish)."""
+    return {"limit": hosts.limit, "accept_new_host_keys": ssh.accept_new_host_keys}
+
+
 _KEYWORD = inspect.Parameter.KEYWORD_ONLY
 # The options each group stands for in a command's signature, in the order --help lists them.
 _GROUPS: dict[str, tuple[inspect.Parameter, ...]] = {
@@ -157,7 +163,7 @@ def _read(
     _finish(
         command,
         json,
-        lambda _: call(hosts.inventory, limit=hosts.limit, accept_new_host_keys=ssh.accept_new_host_keys),
+        lambda _: call(hosts.inventory, **_reach(hosts, ssh)),
         show,
         ssh=ssh,
     )
@@ -177,12 +183,7 @@ def plan(*, hosts: Hosts, extra_vars: ExtraVars = None, json: Json = False, ssh:
     _finish(
         "plan",
         json,
-        lambda _: commands.plan(
-            hosts.inventory,
-            limit=hosts.limit,
-            extravars=options.parse_extra_vars(extra_vars or []),
-            accept_new_host_keys=ssh.accept_new_host_keys,
-        ),
+        lambda _: commands.plan(hosts.inventory, extravars=options.parse_extra_vars(extra_vars or []), **_reach(hosts, ssh)),
         lambda outcome: render.fact_run(outcome, render.plan),
         ssh=ssh,
     )
@@ -236,7 +237,6 @@ def up(
         json,
         lambda on_progress: commands.up(
             hosts.inventory,
-            limit=hosts.limit,
             tags=_split(tags),
             skip_tags=_split(skip_tags),
             check=check,
@@ -245,10 +245,10 @@ def up(
             verify_after=verify_after,
             smoke_after=smoke_after,
             verbosity=verbose,
-            accept_new_host_keys=ssh.accept_new_host_keys,
             on_progress=on_progress,
             batch=batch,
             max_fail=max_fail,
+            **_reach(hosts, ssh),
         ),
         lambda outcome: render.up(outcome, verbose=bool(verbose)),
         progress=True,
@@ -287,13 +287,12 @@ def undo(
         json,
         lambda on_progress: commands.undo(
             hosts.inventory,
-            limit=hosts.limit,
             check=check,
             reboot=reboot,
-            accept_new_host_keys=ssh.accept_new_host_keys,
             tags=_split(tags),
             skip_tags=_split(skip_tags),
             on_progress=on_progress,
+            **_reach(hosts, ssh),
         ),
         render.undo,
         progress=True,
@@ -385,14 +384,13 @@ def smoke(
         json,
         lambda on_progress: commands.smoke(
             hosts.inventory,
-            limit=hosts.limit,
             profile="full" if full else "quick",
             baseline=baseline,
             extravars={**options.parse_extra_vars(extra_vars or []), **({"smoke_cluster": True} if cluster else {})},
-            accept_new_host_keys=ssh.accept_new_host_keys,
             on_progress=on_progress,
             html=html,
             config_only=config_only,
+            **_reach(hosts, ssh),
         ),
         render.smoke_run,
         progress=True,
@@ -583,14 +581,7 @@ def serve_load(
     _finish(
         "serve load",
         json,
-        lambda progress: commands.serve_load(
-            hosts.inventory,
-            model,
-            source,
-            limit=hosts.limit,
-            accept_new_host_keys=ssh.accept_new_host_keys,
-            on_progress=progress,
-        ),
+        lambda progress: commands.serve_load(hosts.inventory, model, source, on_progress=progress, **_reach(hosts, ssh)),
         render.run_summary,
         progress=True,
         ssh=ssh,
