@@ -8,9 +8,11 @@ plan rendered from the plan the host recorded (/etc/provisioner/plan.json).
 
 from __future__ import annotations
 
+import base64
 import functools
 import importlib.util
 import json
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -19,7 +21,7 @@ import jinja2
 import yaml
 from jinja2.nativetypes import NativeEnvironment
 
-from .. import paths
+from .. import paths, zipapp
 
 PLAN_FILE = "/etc/provisioner/plan.json"
 
@@ -120,3 +122,21 @@ def as_root(host: Any) -> Iterator[None]:
     ctx = nullcontext() if host.user().uid == 0 else host.sudo()
     with ctx:
         yield
+
+
+STATUS_PACKAGE = paths.ROLES / "shared" / "files" / "provisioner_status"
+
+
+def status_program(code: str) -> str:
+    """A `python3 -c` program that runs CODE on the host with role shared's drift check importable
+    (`import provisioner_status...`): its zipapp, built as the roles ship it, travels inside the
+    program (base64, about 70 kB: well under one argument's 128 kB), is written to a temporary
+    file, put on sys.path for CODE and removed after it."""
+    data = base64.b64encode(zipapp.archive(zipapp.package_entries(STATUS_PACKAGE))).decode()
+    return (
+        "import base64, os, sys, tempfile\n"
+        "fd, path = tempfile.mkstemp(suffix='.pyz')\n"
+        f"with os.fdopen(fd, 'wb') as f:\n    f.write(base64.b64decode({data!r}))\n"
+        "sys.path.insert(0, path)\n"
+        "try:\n" + textwrap.indent(code, "    ") + "finally:\n    os.unlink(path)\n"
+    )

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from provisioner import checks, paths
-from provisioner.checks import applied_plan, as_root, role_vars
+from provisioner import checks
+from provisioner.checks import applied_plan, as_root, role_vars, status_program
 
 PROFILE_DIR = "/etc/tuned/provisioner-ml"
 SYSCTL_FILE = "/etc/sysctl.d/60-provisioner-cpu.conf"
@@ -20,7 +20,6 @@ TMPFILES_FILE = "/etc/tmpfiles.d/provisioner-cpu.conf"
 STATE_DIR = "/var/lib/provisioner"
 THP = "/sys/kernel/mm/transparent_hugepage"
 CPUFREQ = "/sys/devices/system/cpu/cpufreq"
-STATUS_SCRIPT = paths.ROLES / "shared" / "files" / "provisioner_status.py"
 
 
 def _none(value):
@@ -232,7 +231,8 @@ def declared_status(host, role: str) -> list[dict]:
     f = host.file(f"{expected}/{role}.json")
     assert f.exists and f.user == "root" and f.mode == 0o644, f"{role} declared no expected state in {expected}"
     with as_root(host):
-        r = host.run("python3 -c %s --expected-dir %s --json", STATUS_SCRIPT.read_text(), expected)
+        program = status_program("from provisioner_status.cli import main\nrc = main(sys.argv[1:])\n") + "sys.exit(rc)\n"
+        r = host.run("python3 -c %s --expected-dir %s --json", program, expected)
     assert r.rc in (0, 1) and r.stdout.strip(), f"the status script exited {r.rc}: {r.stderr.strip()[-500:]}"
     return [s for s in json.loads(r.stdout)["settings"] if s["role"] == role]
 

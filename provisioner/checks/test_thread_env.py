@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
-from provisioner.checks import applied_plan, as_root, role_vars
-from provisioner.checks.test_cpu_tuning import STATUS_SCRIPT, declared_status, drifted
+from provisioner.checks import applied_plan, as_root, role_vars, status_program
+from provisioner.checks.test_cpu_tuning import declared_status, drifted
 
 PROFILE = "/etc/profile.d/60-provisioner-threads.sh"
 USER_ENV = "/etc/environment.d/60-provisioner-threads.conf"
@@ -83,14 +83,13 @@ def physical_cores(host) -> int:
 def where_set(host, user: str, names: list[str]) -> dict[str, str]:
     """NAME -> where a login shell of USER gets its value and what repairs it: the status
     script's own source finder (bash's trace of the login shell), run on the target."""
-    source = STATUS_SCRIPT.read_text()
-    code = (
+    code = status_program(
         "import json\n"
-        "ns = {'__name__': 'provisioner_status'}\n"
-        f"exec(compile({source!r}, 'provisioner_status.py', 'exec'), ns)\n"
-        "probes = ns['Probes']()\n"
+        "from provisioner_status.probes import Probes\n"
+        "from provisioner_status.sources import describe_source\n"
+        "probes = Probes()\n"
         f"found = {{n: probes.source({{'probe': 'login_env', 'user': {user!r}, 'var': n}}, None) for n in {names!r}}}\n"
-        "print(json.dumps({n: ns['describe_source'](s, n) if s else None for n, s in found.items()}))\n"
+        "print(json.dumps({n: describe_source(s, n) if s else None for n, s in found.items()}))\n"
     )
     with as_root(host):
         r = host.run("python3 -c %s", code)

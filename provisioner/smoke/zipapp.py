@@ -11,18 +11,16 @@ the same archive with the ML environment's Python for each worker. It holds:
 - provisioner/smoke/base.py, hardware.py, workloads/*.py and target/*.py: the standard library
   at their top, nothing else (tests/unit/test_smoke_zipapp.py holds them to it).
 
-Sorted entries, one fixed date, mode 0644, no compression (deflate's bytes depend on the zlib
-version) and no __pycache__: the same sources give the same bytes, named by their sha256.
+Reproducible as every zipapp provisioner ships (provisioner.zipapp): the same sources give the
+same bytes, named by their sha256.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import os
-import tempfile
-import zipfile
 from pathlib import Path
+
+from provisioner import zipapp
 
 PACKAGE = Path(__file__).resolve().parents[1]  # provisioner/
 MAIN = (
@@ -34,7 +32,6 @@ SMOKE_STUB = (
     '"""The smoke test\'s target half (provisioner.smoke.target), the workloads and the layers below them:\n'
     'the control node\'s judgement is not shipped."""\n'
 )
-DATE = (1980, 1, 1, 0, 0, 0)
 PREFIX = "provisioner_smoke-"
 
 
@@ -51,29 +48,9 @@ def sources(package: Path = PACKAGE) -> dict[str, bytes]:
 
 def archive(package: Path = PACKAGE) -> bytes:
     """The zipapp's bytes: the same sources give the same bytes."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
-        for name, data in sorted(sources(package).items()):
-            info = zipfile.ZipInfo(name, DATE)
-            info.create_system = 3  # unix, wherever it is built
-            info.external_attr = 0o100644 << 16
-            info.compress_type = zipfile.ZIP_STORED
-            zf.writestr(info, data)
-    return buffer.getvalue()
+    return zipapp.archive(sources(package))
 
 
 def build(directory: str | os.PathLike[str], name: str | None = None) -> Path:
-    """Write the zipapp into directory as provisioner_smoke-<sha12>.pyz (or name) and return its path.
-    Written beside and renamed: processes building the same archive at once never see half a file."""
-    data = archive()
-    dest = Path(directory) / (name or f"{PREFIX}{hashlib.sha256(data).hexdigest()[:12]}.pyz")
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".provisioner_smoke-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest
+    """Write the zipapp into directory as provisioner_smoke-<sha12>.pyz (or name) and return its path."""
+    return zipapp.write(archive(), directory, PREFIX, name)

@@ -1,6 +1,6 @@
 """Cases for the code that reads the kernel's sysfs files, shared by the tests of each reader of
 the same file: the facts module (plugins/modules/provisioner_facts.py) and the status script
-(roles/shared/files/provisioner_status.py) are deployed apart, so each has its own parser."""
+(roles/shared/files/provisioner_status) are deployed apart, so each has its own parser."""
 
 from __future__ import annotations
 

@@ -4,13 +4,13 @@ node_exporter's collectors that role monitoring turns on), with labels those met
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from status_modules import report
 
 from provisioner import metrics, paths
 from provisioner.smoke import Check, HostReport
@@ -32,24 +32,15 @@ TARGET_LABELS = {"instance", "job"}
 PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset"}
 
 
-def status_script():
-    spec = importlib.util.spec_from_file_location("provisioner_status", paths.ROLES / "shared/files/provisioner_status.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def exported() -> dict[str, set[str]]:
     """Every metric name we export with its label names: both textfiles rendered for real."""
     smoke = HostReport("h", "tuned", "quick", "2026-12-01T10:00:00Z", 1.0, {}, [
         Check("compute.dgemm_all", "compute", "DGEMM", "pass", "ok", 10.0, "GFLOPS", 12.0, ratio=10 / 12)])
-    script = status_script()
     setting = {"role": "cpu_tuning", "name": "swappiness", "probe": "sysctl", "expected": "10", "live": "60",
                "state": "drifted", "reason": ""}
-    result = script.report([setting], 0.1, host="h")
+    result = report.report([setting], 0.1, host="h")
     plan = {"values": {"threads_per_job": 2, "thp": "madvise"}}
-    status = script.render_metrics(script.metric_samples(result, plan, 0.0))
+    status = report.render_metrics(report.metric_samples(result, plan, 0.0))
     out: dict[str, set[str]] = {}
     for text in (metrics.smoke_text(smoke), status):
         for family in text_string_to_metric_families(text):

@@ -14,6 +14,7 @@ import zipfile
 import pytest
 
 from provisioner.smoke import zipapp
+from provisioner.zipapp import DATE
 
 ENTRIES = zipapp.sources()
 MODULES = sorted(name for name in ENTRIES if name.startswith("provisioner/"))
@@ -38,7 +39,7 @@ def test_the_archive_holds_the_target_the_workloads_and_the_layers_below_them(tm
             "provisioner/smoke/hardware.py", "provisioner/smoke/workloads/__init__.py",
             "provisioner/smoke/target/parent.py"} <= set(names)
     assert not [n for n in names if "judgement" in n or "store" in n or "__pycache__" in n or n.endswith(".pyc")]
-    assert {i.date_time for i in infos} == {zipapp.DATE} and {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
+    assert {i.date_time for i in infos} == {DATE} and {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
     assert zipfile.ZipFile(zipapp.build(tmp_path)).read("provisioner/smoke/__init__.py") == zipapp.SMOKE_STUB.encode()
 
 

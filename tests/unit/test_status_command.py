@@ -176,21 +176,18 @@ def test_status_playbook_is_one_read_only_task_per_host():
     assert engine.input_check_plays(book) == {0}
     plays = yaml.safe_load(book.read_text())
     assert all(p["gather_facts"] is False for p in plays), "status is fast: no fact gathering"
-    modules = [[next(k for k in t if k.startswith("ansible.builtin.")) for t in p["tasks"]] for p in plays]
-    # One task reaches the host (the refusal is a fail task: it runs on the control node); the
-    # rest runs on the control node.
+    modules = [[next(k for k in t if k.startswith(("ansible.builtin.", "provisioner_"))) for t in p["tasks"]] for p in plays]
+    # One task reaches the host (the zipapp is built on the control node, the refusal is a fail
+    # task: it runs there too); the rest runs on the control node.
     assert modules == [
-        ["ansible.builtin.script", "ansible.builtin.fail"],
+        ["provisioner_zipapp", "ansible.builtin.script", "ansible.builtin.fail"],
         ["ansible.builtin.assert", "ansible.builtin.set_fact"],
     ]
-    script = plays[0]["tasks"][0]
-    assert script["changed_when"] is False and script["check_mode"] is False
-    # The script the playbook ships is the one role shared carries (and role monitoring installs).
-    assert plays[0]["vars"]["_status"]["script"].endswith("/../roles/shared/files/provisioner_status.py")
-
-
-def test_the_shipped_script_exists():
-    assert (paths.ROLES / "shared" / "files" / "provisioner_status.py").is_file()
+    build, script = plays[0]["tasks"][:2]
+    assert script["changed_when"] is False and script["check_mode"] is False and build["check_mode"] is False
+    # The script the playbook ships is the package role shared carries (and role monitoring installs).
+    assert plays[0]["vars"]["_status"]["package"].endswith("/../roles/shared/files/provisioner_status")
+    assert (paths.ROLES / "shared" / "files" / "provisioner_status" / "__main__.py").is_file()
 
 
 @pytest.fixture
@@ -206,8 +203,9 @@ def local(tmp_path, monkeypatch):
     (tmp_path / "expected").mkdir()
 
     def with_script(out: str, rc: int, stderr: str = "") -> dict:
-        script = tmp_path / "status.py"
-        script.write_text(textwrap.dedent(f"""\
+        package = tmp_path / "standin"
+        package.mkdir(exist_ok=True)
+        (package / "__main__.py").write_text(textwrap.dedent(f"""\
             import sys
             assert sys.argv[1:] == ["--json", "--expected-dir", {str(tmp_path / 'expected')!r},
                                     "--plan", {str(tmp_path / 'plan.json')!r}], sys.argv
@@ -215,7 +213,7 @@ def local(tmp_path, monkeypatch):
             sys.stderr.write({stderr!r})
             sys.exit({rc})
             """))
-        status = {"expected_dir": str(tmp_path / "expected"), "plan_file": str(tmp_path / "plan.json"), "script": str(script)}
+        status = {"expected_dir": str(tmp_path / "expected"), "plan_file": str(tmp_path / "plan.json"), "package": str(package)}
         return {"_status": status}
 
     return inv, with_script
@@ -249,8 +247,8 @@ def real_script(tmp_path: Path, expected: dict | None) -> dict:
     if expected is not None:
         directory.mkdir()
         (directory / "cpu_tuning.json").write_text(json.dumps(expected))
-    script = str(paths.ROLES / "shared" / "files" / "provisioner_status.py")
-    return {"_status": {"expected_dir": str(directory), "plan_file": str(tmp_path / "plan.json"), "script": script}}
+    package = str(paths.ROLES / "shared" / "files" / "provisioner_status")
+    return {"_status": {"expected_dir": str(directory), "plan_file": str(tmp_path / "plan.json"), "package": package}}
 
 
 def test_the_real_script_refuses_a_host_never_provisioned(local, monkeypatch, tmp_path):
@@ -302,4 +300,5 @@ def test_playbook_works_in_check_mode(local, monkeypatch):
     inv, with_script = local
     clean = status_json([dict(SETTINGS[0])], host="box")
     run = engine.run_playbook("status.yml", inv, check=True, extravars=with_script(json.dumps(clean), 0))
-    assert run.exit_code == ExitCode.OK and run.facts["box"][commands.STATUS_FACT] == clean
+    assert run.exit_code == ExitCode.OK, run.errors
+    assert run.facts["box"][commands.STATUS_FACT] == clean

@@ -4,14 +4,10 @@ another."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "shared" / "files" / "provisioner_status.py"
-_spec = importlib.util.spec_from_file_location("provisioner_status_storage", SCRIPT)
-assert _spec and _spec.loader
-status = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(status)
+from status_modules import kernel
+from status_modules import probes as probing
 
 CHECK = {"name": "data array", "probe": "md", "device": "/dev/md/data", "expected": "active, not degraded",
          "members": ["nvme0n1", "nvme1n1"]}
@@ -54,7 +50,7 @@ def probe(tmp_path: Path, mdstat: str) -> tuple:
     (tmp_path / "dev/md").mkdir(parents=True)
     (tmp_path / "dev/md127").write_text("")
     (tmp_path / "dev/md/data").symlink_to("../md127")
-    return status.Probes(str(tmp_path)).measure(CHECK)
+    return probing.Probes(str(tmp_path)).measure(CHECK)
 
 
 def test_a_degraded_array_is_drift_naming_the_missing_member(tmp_path: Path) -> None:
@@ -63,8 +59,8 @@ def test_a_degraded_array_is_drift_naming_the_missing_member(tmp_path: Path) -> 
 
 
 def test_an_array_rebuilding_its_lost_member_is_ok_and_says_so(tmp_path: Path) -> None:
-    assert status.parse_mdstat(RECOVERING)["md127"]["recovery"] == "12.5%"
-    assert "recovery" not in status.parse_mdstat(DEGRADED)["md127"]
+    assert kernel.parse_mdstat(RECOVERING)["md127"]["recovery"] == "12.5%"
+    assert "recovery" not in kernel.parse_mdstat(DEGRADED)["md127"]
     live, state, reason = probe(tmp_path, RECOVERING)
     assert (state, reason) == ("ok", "")
     assert live == "md127 active raid1 [2/1] [U_] recovering 12.5%: the lost member is being rebuilt"
@@ -95,7 +91,7 @@ def test_members_declared_by_stable_id_are_resolved_and_a_lost_one_is_named_by_i
     (tmp_path / "dev/md").mkdir()
     (tmp_path / "dev/md127").write_text("")
     (tmp_path / "dev/md/data").symlink_to("../md127")
-    probes = status.Probes(str(tmp_path))
+    probes = probing.Probes(str(tmp_path))
     live, state, reason = probes.measure(declared)
     assert state == "drifted" and reason == f"/dev/md/data is degraded: {lost} missing", (live, reason)
     by_serial = {**CHECK, "members": ["/dev/disk/by-id/nvme-QEMU_DATA0", "serial:DATA1"]}

@@ -1,6 +1,6 @@
 """The same checks `provisioner verify` runs, here against the molecule instance."""
 
-from provisioner.checks.test_allocator import *  # noqa: F401,F403
+from provisioner.checks.test_allocator import *  # noqa: F403
 
 
 def test_the_test_service_runs(host):

@@ -2,7 +2,7 @@
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from provisioner.checks.test_monitoring import *  # noqa: F401,F403
+from provisioner.checks.test_monitoring import *  # noqa: F403
 from provisioner.checks.test_monitoring import TEXTFILE, _status_metrics
 
 

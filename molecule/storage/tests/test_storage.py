@@ -1,3 +1,3 @@
 """The same checks `provisioner verify` runs, here against the molecule instance."""
 
-from provisioner.checks.test_storage import *  # noqa: F401,F403
+from provisioner.checks.test_storage import *  # noqa: F403
