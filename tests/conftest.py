@@ -53,6 +53,8 @@ OWN_LAB = (
     "test_vm.py",
     "test_vm_raid.py",
     "test_up.py",  # a fresh server (and a stock one for the baseline)
+    "test_mlstack.py",  # server pv-mlstack and its wheelhouse: apart, one worker would take it down under the other
+    "test_packaging.py",  # the wheel, built once
 )
 
 
@@ -75,10 +77,36 @@ def unit_of_work(nodeid: str) -> str:
 
 
 # Where the suite's time goes, printed after the slowest tests: each worker's busy seconds (the
-# suite takes as long as the busiest; the gap to the other is idle time) and the largest units of
-# work, the unit tests counted as one, so a change to the suite's shape can be judged by them.
+# suite takes as long as the busiest; the gap to the other is idle time), the largest units of
+# work, the unit tests counted as one, so a change to the suite's shape can be judged by them, and
+# how the machine's CPUs spent the run (busy is not CPU: a test waiting on a reboot, a download or
+# the disk is busy too; idle CPU means a third worker could help, iowait that the disk is the limit).
 _BUSY: defaultdict[str, float] = defaultdict(float)
 _UNITS: defaultdict[str, float] = defaultdict(float)
+_CPU_AT_START: list[int] = []
+
+
+def cpu_times() -> list[int]:
+    """The machine's CPU time so far, from /proc/stat: user, nice, system, idle, iowait, irq, softirq, steal (jiffies)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            return [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return []
+
+
+def cpu_split(start: list[int], end: list[int]) -> str:
+    """user+system, idle, iowait and steal as shares of the CPU time between two readings."""
+    if len(start) != 8 or len(end) != 8:
+        return ""
+    d = [b - a for a, b in zip(start, end, strict=True)]
+    total = sum(d) or 1
+    shares = {"user+system": d[0] + d[1] + d[2] + d[5] + d[6], "idle": d[3], "iowait": d[4], "steal": d[7]}
+    return ", ".join(f"{name} {100 * v / total:.0f}%" for name, v in shares.items())
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _CPU_AT_START[:] = cpu_times()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -100,3 +128,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     write("busy seconds per worker: " + ", ".join(f"{w} {s:.0f}" for w, s in sorted(_BUSY.items())))
     largest = sorted(_UNITS.items(), key=lambda kv: -kv[1])[:15]
     write("largest units of work (s): " + ", ".join(f"{u} {s:.0f}" for u, s in largest))
+    split = cpu_split(_CPU_AT_START, cpu_times())
+    if split:
+        write(f"CPU over the run ({os.cpu_count()} CPUs): {split}")
