@@ -105,7 +105,6 @@ import os
 import re
 import socket
 import struct
-import uuid
 
 try:
     from ansible.module_utils.basic import AnsibleModule
@@ -119,6 +118,7 @@ try:  # installed as the provisioner.ml collection
     from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_drive_arrays as drive_arrays
     from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_drive_rules as drive_rules
     from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_drives as drives
+    from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_storage_layouts as layouts
     from ansible_collections.provisioner.ml.plugins.module_utils import provisioner_superblocks as superblocks
 except ImportError:  # run from the repository: ansible.cfg and the CLI put plugins/module_utils on the path
     # (the same files under another name: mypy sees two modules)
@@ -127,6 +127,7 @@ except ImportError:  # run from the repository: ansible.cfg and the CLI put plug
     from ansible.module_utils import provisioner_drive_arrays as drive_arrays  # type: ignore[no-redef]
     from ansible.module_utils import provisioner_drive_rules as drive_rules  # type: ignore[no-redef]
     from ansible.module_utils import provisioner_drives as drives  # type: ignore[no-redef]
+    from ansible.module_utils import provisioner_storage_layouts as layouts  # type: ignore[no-redef]
     from ansible.module_utils import provisioner_superblocks as superblocks  # type: ignore[no-redef]
 
 
@@ -141,14 +142,13 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     """The whole decision from inspected members. Pure; returns the ``storage`` result."""
     arrays = arrays or {}
     mountpoint_state = mountpoint_state or {}
-    level, backend, name = spec["level"], spec["backend"], spec["md_name"]
-    refusals: list[str] = []
-    warnings: list[str] = []
-    uses_md = backend == "mdadm" and level != "single"
+    level, name = spec["level"], spec["md_name"]
+    layout = layouts.LAYOUTS[layouts.layout_of(spec)]
+    uses_md = layout is layouts.Md
     result = {
         "level": level,
-        "backend": backend,
-        "filesystem": "btrfs" if backend == "btrfs" else "xfs",
+        "backend": spec["backend"],
+        "filesystem": layout.filesystem,
         "md_name": name,
         "md_device": f"/dev/md/{name}" if uses_md else None,
         "uses_md": uses_md,
@@ -161,23 +161,16 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         "existing": None,
         "wipe": [],
         "commands": [],
-        "refusals": refusals,
-        "warnings": warnings,
+        "refusals": [],
+        "warnings": [],
     }
-
-    need = constants.MIN_DRIVES[level]
-    named_count = len(members) + len(missing)  # a drive not on the host (lost) is still named
-    if named_count < need:
-        refusals.append(f"storage: {level} needs at least {need:d} device(s), storage_devices names {named_count:d}")
-    if backend == "mdadm" and level == "single" and named_count != 1:
-        refusals.append(f"storage: level single with the mdadm backend puts XFS on one drive; storage_devices names {named_count:d}")
-    if level == "raid10" and uses_md and named_count % 2:
-        refusals.append(f"storage: raid10 needs an even number of drives, storage_devices names {named_count:d}")
+    refusals = result["refusals"]
+    refusals += _count_refusals(spec, len(members) + len(missing), uses_md)  # a drive not on the host (lost) is still named
 
     # Drives in any use are refused outright; wiping does not cover them (the shared rules' findings:
     # provisioner_drive_rules.py).
-    found = [dict(drive_rules.findings(m)) for m in members]
-    for m, kinds in zip(members, found):
+    findings = [dict(drive_rules.findings(m)) for m in members]
+    for m, kinds in zip(members, findings):
         who = drive_arrays.member_text(m)
         if "unprobed" in kinds:
             refusals.append("storage: refusing {}: could not be inspected ({}) — fix that first".format(who, kinds["unprobed"]))
@@ -186,78 +179,13 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         if "empty" in kinds:
             refusals.append(f"storage: refusing {who}: size 0 (no medium?)")
 
-    adopt_fs = adopt_md = None
-    repair = drive_arrays.match_degraded(spec, members, missing, arrays, named) if uses_md else None
-    if repair is not None:
-        adopt_md = repair["info"]
-        refusals.extend(repair["refusals"])
-        result["wipe"] = [m for m in repair["replacements"] if drive_rules.has_contents(m)]
-        result["degraded"] = {
-            "device": repair["device"],
-            "kname": repair["kname"],
-            "raid_disks": repair["raid_disks"],
-            "active": repair["active"],
-            "missing": repair["missing"],
-            "returning": [m["id"] for m in repair["returning"]],
-            "replacements": [m["id"] for m in repair["replacements"]],
-        }
-        if repair["missing"] and not (repair["returning"] or repair["replacements"]):
-            warnings.append(
-                "storage: the data array {} ({}) runs degraded on {:d} of {:d} drives, {} not on this host — put the "
-                "drive back, or list a blank drive in its place in storage_devices, then run up again".format(
-                    repair["device"], level, repair["active"], repair["raid_disks"],
-                    ", ".join(repair["missing"])))
-    elif backend == "btrfs":
-        ok, what = drive_arrays.match_btrfs(members, spec)
-        if ok:
-            adopt_fs = what
-        elif ok is False:
-            result["mismatch"] = what
-    elif uses_md:
-        ok, what = drive_arrays.match_md(members, spec, arrays)
-        if ok:
-            adopt_md = what
-        elif ok is False:
-            result["mismatch"] = what
-    else:  # XFS directly on one drive
-        if len(members) == 1:
-            xfs = members[0].get("xfs")
-            sigs = [s.get("type") for s in members[0].get("signatures") or []]
-            if xfs and set(sigs) <= {"xfs"} and not members[0].get("partitions"):
-                adopt_fs = {"kind": "xfs", "uuid": xfs["uuid"], "label": xfs["label"]}
-
+    found = layout.match(spec, members, arrays, missing, named, result)
+    adopted = found.get("fs") or found.get("md")
     adopted_mounts = set()
-    if adopt_fs or adopt_md:
+    if adopted:
         for m in members:
             adopted_mounts |= set(m.get("mountpoints") or [])
-
-    for m, kinds in zip(members, found):
-        who = drive_arrays.member_text(m)
-        points = kinds.get("mounted") or []
-        if points and not (adopt_fs or adopt_md):
-            hint = " (the root disk)" if any(p in constants.SYSTEM_MOUNTPOINTS for p in points) else ""
-            refusals.append(
-                "storage: refusing {}: mounted at {}{} — unmount it first; storage never unmounts or wipes a mounted "
-                "drive, not even one in storage_wipe_devices".format(who, ", ".join(points), hint))
-            continue
-        if "held" in kinds and not adopt_md:
-            refusals.append(
-                "storage: refusing {}: in use by {} — stop that first (e.g. mdadm --stop /dev/{}); storage never "
-                "stops arrays, not even for storage_wipe_devices".format(who, ", ".join(kinds["held"]), kinds["held"][0]))
-            continue
-        if adopt_fs or adopt_md:
-            continue
-        if "partitions" in kinds or "signatures" in kinds:
-            what = drive_rules.describe_contents(m)
-            if m.get("wipe_allowed"):
-                result["wipe"].append(m)
-            else:
-                # A btrfs/md signature of something other than the requested layout: say how it differs.
-                why = result.get("mismatch") if (m.get("btrfs") or m.get("md")) else None
-                refusals.append("storage: refusing {}: holds {}{} — {}".format(
-                    who, what, (f"; {why}") if why else "", drive_arrays.WIPE_HINT))
-
-    adopted = adopt_fs or adopt_md
+    _in_use_refusals(members, findings, found, result)
     if adopted:
         points = sorted(adopted_mounts)
         if points and spec["mountpoint"] not in points:
@@ -266,31 +194,82 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
                 "storage_mountpoint: {}".format(
                     adopted["kind"], ", ".join(drive_arrays.member_text(m) for m in members), ", ".join(points),
                     spec["mountpoint"], points[0]))
-
-    # The mount point: nothing else mounted there, nothing hidden by mounting over it.
-    other = mountpoint_state.get("mounted_source")
-    if mountpoint_state.get("mounted") and spec["mountpoint"] not in adopted_mounts:
-        refusals.append(
-            "storage: storage_mountpoint {} is already a mount of {} ({}) — choose another mount point or unmount it".format(
-                spec["mountpoint"], other or "?", mountpoint_state.get("mounted_fstype") or "?"))
-    elif not mountpoint_state.get("mounted") and mountpoint_state.get("entries"):
-        refusals.append(
-            "storage: storage_mountpoint {} is a directory with {:d} entr{} — mounting the array there would hide them; "
-            "move them or choose another mount point".format(
-                spec["mountpoint"], mountpoint_state["entries"], "y" if mountpoint_state["entries"] == 1 else "ies"))
-    elif mountpoint_state.get("not_a_directory"):
-        refusals.append("storage: storage_mountpoint {} exists and is not a directory".format(spec["mountpoint"]))
-
+    refusals += _mountpoint_refusals(spec, mountpoint_state, adopted_mounts)
     if refusals:
         return result
 
     data_profile, meta_profile = drive_arrays.profile_for(level, len(members))
-    result["btrfs_data_profile"] = data_profile if backend == "btrfs" else None
-    result["btrfs_metadata_profile"] = meta_profile if backend == "btrfs" else None
-    paths = [m["cmd_path"] for m in members]
-    force = bool(result["wipe"])
+    result["btrfs_data_profile"] = data_profile if layout is layouts.Btrfs else None
+    result["btrfs_metadata_profile"] = meta_profile if layout is layouts.Btrfs else None
+    commands = _wipe_commands(result["wipe"])
+    built = layout.build(spec, members, found, result, commands, bool(result["wipe"]))
+    if isinstance(built, dict):  # refused
+        return built
+    md_uuid, fs_uuid, md_device, fs_device = built
+    return _finish(spec, members, result, commands, md_uuid, fs_uuid, md_device, fs_device)
+
+
+def _count_refusals(spec, named_count, uses_md):
+    level, refusals = spec["level"], []
+    need = constants.MIN_DRIVES[level]
+    if named_count < need:
+        refusals.append(f"storage: {level} needs at least {need:d} device(s), storage_devices names {named_count:d}")
+    if spec["backend"] == "mdadm" and level == "single" and named_count != 1:
+        refusals.append(f"storage: level single with the mdadm backend puts XFS on one drive; storage_devices names {named_count:d}")
+    if level == "raid10" and uses_md and named_count % 2:
+        refusals.append(f"storage: raid10 needs an even number of drives, storage_devices names {named_count:d}")
+    return refusals
+
+
+def _in_use_refusals(members, findings, found, result):
+    """A drive mounted or held outside what is adopted is refused; one with contents is wiped when
+    storage_wipe_devices allows it, else refused."""
+    adopted = found.get("fs") or found.get("md")
+    for m, kinds in zip(members, findings):
+        who = drive_arrays.member_text(m)
+        points = kinds.get("mounted") or []
+        if points and not adopted:
+            hint = " (the root disk)" if any(p in constants.SYSTEM_MOUNTPOINTS for p in points) else ""
+            result["refusals"].append(
+                "storage: refusing {}: mounted at {}{} — unmount it first; storage never unmounts or wipes a mounted "
+                "drive, not even one in storage_wipe_devices".format(who, ", ".join(points), hint))
+            continue
+        if "held" in kinds and not found.get("md"):
+            result["refusals"].append(
+                "storage: refusing {}: in use by {} — stop that first (e.g. mdadm --stop /dev/{}); storage never "
+                "stops arrays, not even for storage_wipe_devices".format(who, ", ".join(kinds["held"]), kinds["held"][0]))
+            continue
+        if adopted:
+            continue
+        if "partitions" in kinds or "signatures" in kinds:
+            what = drive_rules.describe_contents(m)
+            if m.get("wipe_allowed"):
+                result["wipe"].append(m)
+            else:
+                # A btrfs/md signature of something other than the requested layout: say how it differs.
+                why = result.get("mismatch") if (m.get("btrfs") or m.get("md")) else None
+                result["refusals"].append("storage: refusing {}: holds {}{} — {}".format(
+                    who, what, (f"; {why}") if why else "", drive_arrays.WIPE_HINT))
+
+
+def _mountpoint_refusals(spec, mountpoint_state, adopted_mounts):
+    """The mount point: nothing else mounted there, nothing hidden by mounting over it."""
+    other = mountpoint_state.get("mounted_source")
+    if mountpoint_state.get("mounted") and spec["mountpoint"] not in adopted_mounts:
+        return ["storage: storage_mountpoint {} is already a mount of {} ({}) — choose another mount point or unmount it".format(
+            spec["mountpoint"], other or "?", mountpoint_state.get("mounted_fstype") or "?")]
+    if not mountpoint_state.get("mounted") and mountpoint_state.get("entries"):
+        return ["storage: storage_mountpoint {} is a directory with {:d} entr{} — mounting the array there would hide them; "
+                "move them or choose another mount point".format(
+                    spec["mountpoint"], mountpoint_state["entries"], "y" if mountpoint_state["entries"] == 1 else "ies")]
+    if mountpoint_state.get("not_a_directory"):
+        return ["storage: storage_mountpoint {} exists and is not a directory".format(spec["mountpoint"])]
+    return []
+
+
+def _wipe_commands(wipe):
     commands = []
-    for m in result["wipe"]:
+    for m in wipe:
         for part in m.get("partitions") or []:
             commands.append({"argv": ["wipefs", "--all", "/dev/" + part],
                              "why": "wipe {} on {} (storage_wipe_devices)".format(part, m["id"])})
@@ -299,92 +278,12 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         if m.get("partitions"):
             commands.append({"argv": ["blockdev", "--rereadpt", m["cmd_path"]],
                              "why": "drop the wiped partitions of {} from the kernel".format(m["id"])})
+    return commands
 
-    md_uuid = fs_uuid = None
-    md_device = result["md_device"]
-    fs_device = None
-    if backend == "btrfs":
-        fs_uuid = _adopt_or_create(result, adopt_fs, "btrfs", members, spec)
-        if not adopt_fs:
-            argv = ["mkfs.btrfs"] + (["--force"] if force else []) + [
-                "--label", name, "--uuid", fs_uuid, "--data", data_profile, "--metadata", meta_profile] + paths
-            commands.append({"argv": argv, "why": f"create btrfs data {data_profile}, metadata {meta_profile} over {len(members):d} drive(s)"})
-        fs_device = paths[0]
-    elif uses_md:
-        sw = {"raid0": len(members), "raid10": len(members) // 2, "raid1": 1}[level]
-        chunk = spec["chunk_kb"]
-        if adopt_md:
-            md_uuid = adopt_md["uuid"]
-            result["existing"] = adopt_md
-            if adopt_md["chunk_kb"] and level != "raid1" and adopt_md["chunk_kb"] != chunk:
-                warnings.append("storage: the existing array has a {:d} KiB chunk, storage_chunk_kb is {:d}; adopted as it is"
-                                .format(adopt_md["chunk_kb"], chunk))
-                chunk = adopt_md["chunk_kb"]
-            if adopt_md["running"]:
-                md_device_now = "/dev/" + adopt_md["running"]
-            else:
-                md_device_now = md_device
-                commands.append({"argv": ["mdadm", "--assemble", md_device, f"--uuid={md_uuid}", *paths],
-                                 "why": f"assemble the existing {level} array {md_uuid}"})
-                commands += _udev_settle(spec, md_device)
-            fs = adopt_md.get("filesystem")
-            ours = md_uuid == superblocks.md_uuid_text(uuid.UUID(drive_arrays.planned_uuid("md", members, spec)).bytes)
-            if fs and fs.get("kind") == "xfs" and ours and fs.get("uuid") != drive_arrays.planned_uuid("xfs", members, spec):
-                # Storage made this array but not this filesystem: a create stopped between mdadm and
-                # mkfs leaves the drives' earlier XFS superblock showing through the new array.
-                leftover = "storage: the array {} that storage created holds an XFS (UUID {}) that storage did not make".format(
-                    md_uuid, fs.get("uuid"))
-                if not any(m.get("wipe_allowed") for m in members):
-                    return _refuse(result, leftover + " (left from the drives' earlier contents, or made by hand) — "
-                                   "add its drives to storage_wipe_devices to make the filesystem again, or mount it by hand")
-                warnings.append(leftover + "; made again, as storage_wipe_devices allows")
-                fs, force = None, True
-            if fs and fs.get("kind") == "xfs":
-                result["action"] = "adopt" if adopt_md["running"] else "assemble"
-                fs_uuid = fs["uuid"]
-            elif fs:
-                return _refuse(result, "storage: refusing to adopt array {}: it holds a {} filesystem, not XFS — wipe it "
-                                       "by hand if it may go".format(md_uuid, fs.get("kind")))
-            else:
-                result["action"] = "mkfs" if adopt_md["running"] else "assemble"
-                fs_uuid = drive_arrays.planned_uuid("xfs", members, spec)
-                commands.append({"argv": _mkfs_xfs(name, fs_uuid, chunk, sw, level, force, md_device),
-                                 "why": "create XFS on the existing array (it holds no filesystem)"})
-            md_device = md_device_now if adopt_md["running"] else md_device
-            if repair is not None and result["action"] == "adopt":
-                for m in repair["returning"]:
-                    # --re-add resumes a recent member where it left off; otherwise --add rebuilds it.
-                    commands.append({"argv": ["mdadm", md_device, "--re-add", m["cmd_path"]],
-                                     "fallback": ["mdadm", md_device, "--add", m["cmd_path"]],
-                                     "why": "re-add {}, a member of the degraded array {}".format(m["id"], md_uuid)})
-                for m in repair["replacements"]:
-                    commands.append({"argv": ["mdadm", md_device, "--add", m["cmd_path"]],
-                                     "why": "add {} in place of a lost member of the array {}".format(m["id"], md_uuid)})
-                if commands:
-                    result["action"] = "repair"
-        else:
-            result["action"] = "create"
-            md_uuid = superblocks.md_uuid_text(uuid.UUID(drive_arrays.planned_uuid("md", members, spec)).bytes)
-            fs_uuid = drive_arrays.planned_uuid("xfs", members, spec)
-            argv = ["mdadm", "--create", md_device, "--run", "--metadata=1.2", f"--level={level}",
-                    f"--raid-devices={len(members):d}"]
-            if level != "raid1":
-                argv.append(f"--chunk={chunk:d}")
-            argv += [f"--name={name}", "--homehost={}".format(spec.get("hostname", "any")), f"--uuid={md_uuid}", *paths]
-            commands.append({"argv": argv, "why": f"create md {level} over {len(members):d} drive(s)"})
-            commands += _udev_settle(spec, md_device)
-            commands.append({"argv": _mkfs_xfs(name, fs_uuid, chunk, sw, level, force, md_device),
-                             "why": f"create XFS aligned to the {chunk:d} KiB chunk x {sw:d} data drive(s)"})
-        fs_device = md_device
-        result["chunk_kb"] = chunk
-        result["stripe_width"] = sw
-    else:
-        fs_uuid = _adopt_or_create(result, adopt_fs, "xfs", members, spec)
-        if not adopt_fs:
-            commands.append({"argv": _mkfs_xfs(name, fs_uuid, None, None, level, force, paths[0]),
-                             "why": "create XFS directly on {}".format(members[0]["id"])})
-        fs_device = paths[0]
 
+def _finish(spec, members, result, commands, md_uuid, fs_uuid, md_device, fs_device):
+    """The decided result: the commands, the identities and where the filesystem mounts."""
+    name, uses_md = spec["md_name"], result["uses_md"]
     result["wipe"] = [m["id"] for m in result["wipe"]]
     for m in members:
         m["contents"] = drive_rules.describe_contents(m)
@@ -394,10 +293,10 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
     result["fs_uuid"] = fs_uuid
     result["fs_device"] = fs_device
     options = ["noatime", "nofail"]
-    if backend == "btrfs" and len(members) > 1:
+    if result["filesystem"] == "btrfs" and len(members) > 1:
         # Tells the kernel every member at mount time: no btrfs device scan needed (udev, or a
         # container without /dev/btrfs-control).
-        options += [f"device={p}" for p in paths]
+        options += ["device=" + m["cmd_path"] for m in members]
     result["mount"] = {
         "src": f"UUID={fs_uuid}",
         "path": spec["mountpoint"],
@@ -405,44 +304,10 @@ def decide(spec, members, arrays=None, mountpoint_state=None, md_state=("loaded"
         "opts": ",".join(options),
     }
     result["fstab_line"] = "UUID={} {} {} {} 0 0".format(fs_uuid, spec["mountpoint"], result["filesystem"], result["mount"]["opts"])
-    result["mdadm_array_line"] = (
-        "ARRAY {} metadata=1.2 UUID={}".format(f"/dev/md/{name}", md_uuid) if uses_md else None
-    )
+    result["mdadm_array_line"] = "ARRAY {} metadata=1.2 UUID={}".format(f"/dev/md/{name}", md_uuid) if uses_md else None
     result["needs_md_driver"] = uses_md and any(c["argv"][0] == "mdadm" for c in commands)
     result["refusals"] = []
     return result
-
-
-def _adopt_or_create(result, adopt_fs, kind, members, spec):
-    """The UUID of the filesystem straight on the drives (btrfs, or XFS on one drive): the one adopted
-    (ADOPT_FS, what the drives carry) or the planned one of a new filesystem of KIND; sets the action."""
-    if adopt_fs:
-        result["action"] = "adopt"
-        result["existing"] = adopt_fs
-        return adopt_fs["uuid"]
-    result["action"] = "create"
-    return drive_arrays.planned_uuid(kind, members, spec)
-
-
-def _refuse(result, message):
-    result["action"] = "refuse"
-    result["refusals"].append(message)
-    return result
-
-
-def _udev_settle(spec, md_device):
-    """Where udev runs, it names a started array (/dev/md/NAME): under load that can take longer
-    than mdadm waits, and the next command (mkfs, blkid) would not find the name."""
-    if not spec.get("udev"):
-        return []
-    return [{"argv": ["udevadm", "settle", "--timeout=120"], "why": f"wait until udev has named the array {md_device}"}]
-
-
-def _mkfs_xfs(label, fs_uuid, chunk, sw, level, force, device):
-    argv = ["mkfs.xfs"] + (["-f"] if force else []) + ["-L", label, "-m", f"uuid={fs_uuid}"]
-    if chunk and level in ("raid0", "raid10"):
-        argv += ["-d", f"su={chunk:d}k,sw={sw:d}"]
-    return [*argv, device]
 
 
 # --------------------------------------------------------------------------
