@@ -1,11 +1,12 @@
 # Copyright: provisioner contributors
 # Apache License 2.0 (see pyproject.toml)
-"""Action plugin: build a package directory into one zipapp on the controller.
+"""Action plugin: build code provisioner runs on a host into one zipapp, on the controller.
 
-Calls ``provisioner.zipapp`` into Ansible's local temporary directory and returns the archive's
-path, for ``ansible.builtin.script`` to run on a host or ``ansible.builtin.copy`` to install. The
-archive is byte-reproducible (its name carries its sha256), so every host and every fork writes
-the same file; nothing runs on the target, and it behaves the same in check mode.
+Builds with ``provisioner.zipapp`` (or ``provisioner.smoke.zipapp`` for the smoke test's target
+half) into Ansible's local temporary directory and returns the archive's path, for
+``ansible.builtin.script`` to run on a host or ``ansible.builtin.copy`` to install. The archive is
+byte-reproducible (its name carries its sha256), so every host and every fork writes the same
+file; nothing runs on the target, and it behaves the same in check mode.
 """
 
 from __future__ import annotations
@@ -13,18 +14,23 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: provisioner_zipapp
-short_description: Build a package directory into one zipapp (controller side)
+short_description: Build code for the hosts into one zipapp (controller side)
 description:
-  - Builds C(<name>-<sha12>.pyz) from the modules of the package directory O(src) (its C(*.py), one
-    level) and a top-level C(__main__.py) that runs the package's own C(__main__), into Ansible's
-    local temporary directory, and returns its path. Makes no remote call.
-  - The same sources give the same bytes; C(changed) is always false.
-  - Role shared's drift check (C(files/provisioner_status)) is built with it.
+  - Builds a byte-reproducible zipapp into Ansible's local temporary directory and returns its path.
+    Makes no remote call; the same sources give the same bytes; C(changed) is always false.
+  - With O(src), C(<name>-<sha12>.pyz) of a package directory's modules (its C(*.py), one level) and a
+    top-level C(__main__.py) that runs the package's own C(__main__): role shared's drift check
+    (C(files/provisioner_status)).
+  - With O(smoke=true), C(provisioner_smoke-<sha12>.pyz), the smoke test's target half, the workloads and
+    the layers below them, from the installed provisioner package.
 options:
   src:
-    description: The package directory on the controller; it must hold a C(__main__.py).
+    description: A package directory on the controller; it must hold a C(__main__.py). Exclusive with O(smoke).
     type: path
-    required: true
+  smoke:
+    description: Build the smoke test's workloads instead of O(src).
+    type: bool
+    default: false
 author:
   - provisioner contributors
 """
@@ -38,6 +44,10 @@ sha256:
   description: The archive's sha256.
   type: str
   returned: success
+version:
+  description: The provisioner package's version that built it.
+  type: str
+  returned: success
 """
 
 import hashlib
@@ -48,7 +58,9 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
 try:  # the provisioner package, installed on the control node (galaxy.yml)
+    import provisioner
     from provisioner import zipapp
+    from provisioner.smoke import zipapp as smoke_zipapp
 except ImportError as exc:
     raise AnsibleError(f"provisioner_zipapp: pip install provisioner on the control node ({exc})") from exc
 
@@ -60,18 +72,26 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars or {})
         result["changed"] = False
-        extra = sorted(set(self._task.args) - {"src"})
-        src = self._task.args.get("src")
-        if extra or not src:
-            wrong = f"takes only src, not: {', '.join(extra)}" if extra else "needs src, the package directory"
+        args = dict(self._task.args)
+        src, smoke = args.pop("src", None), args.pop("smoke", False)
+        wrong = ""
+        if args:
+            wrong = f"takes src or smoke, not: {', '.join(sorted(args))}"
+        elif bool(src) == bool(smoke):
+            wrong = "takes one of src (a package directory) and smoke: true"
+        if wrong:
             result.update(failed=True, msg=f"provisioner_zipapp {wrong}")
             return result
-        try:
-            entries = zipapp.package_entries(src)
-        except FileNotFoundError as exc:
-            result.update(failed=True, msg=f"provisioner_zipapp: {exc}: src must be a package directory with a __main__.py")
-            return result
-        name = str(src).rstrip("/").rsplit("/", 1)[-1]
-        path = zipapp.write(zipapp.archive(entries), C.DEFAULT_LOCAL_TMP or tempfile.gettempdir(), f"{name}-")
-        result.update(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+        directory = C.DEFAULT_LOCAL_TMP or tempfile.gettempdir()
+        if smoke:
+            path = smoke_zipapp.build(directory)
+        else:
+            try:
+                entries = zipapp.package_entries(src)
+            except FileNotFoundError as exc:
+                result.update(failed=True, msg=f"provisioner_zipapp: {exc}: src must be a package directory with a __main__.py")
+                return result
+            name = str(src).rstrip("/").rsplit("/", 1)[-1]
+            path = zipapp.write(zipapp.archive(entries), directory, f"{name}-")
+        result.update(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), version=provisioner.__version__)
         return result

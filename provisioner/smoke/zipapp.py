@@ -1,6 +1,6 @@
 """The smoke test's target half as one archive: a byte-reproducible zipapp of the workload code.
 
-Built on the control node (the action plugin provisioner_smoke_zipapp) and run on a host by the
+Built on the control node (the action plugin provisioner_zipapp, smoke: true) and run on a host by the
 system Python (`python3 provisioner_smoke-<sha12>.pyz run ...`), as root; the parent then runs
 the same archive with the ML environment's Python for each worker. It holds:
 
