@@ -237,6 +237,14 @@ def signatures_of(path):
     return found["entries"], None
 
 
+def xfs_of(signatures):
+    """The XFS a drive carries at its start, as wipefs (or blkid) reported it -> {"uuid", "label"}, or None."""
+    for sig in signatures:
+        if sig.get("type") == "xfs" and sig.get("offset") in ("0x0", 0, None):
+            return {"uuid": sig.get("uuid"), "label": sig.get("label") or ""}
+    return None
+
+
 def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
     """What is on one whole block device."""
     base = "/sys/block/" + kname
@@ -283,10 +291,11 @@ def inspect_device(kname, root="/", mounts=(), swaps=(), probe=True):
     sigs, error = signatures_of(path)
     device["signatures"] = sigs or []
     device["probe_error"] = error
+    device["xfs"] = xfs_of(device["signatures"])
+    # What wipefs and blkid do not report (provisioner_superblocks says which fields, and why).
     for name, offset, parser in (
         ("btrfs", superblocks.BTRFS_SUPER_OFFSET, superblocks.parse_btrfs_super),
         ("md", superblocks.MD_SUPER_1_2_OFFSET, superblocks.parse_md_super),
-        ("xfs", 0, superblocks.parse_xfs_super),
     ):
         try:
             device[name] = parser(superblocks.read_at(path, offset, 4096))

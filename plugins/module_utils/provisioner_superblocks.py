@@ -4,6 +4,16 @@
 btrfs (fsid, label, devid, num_devices, the chunk tree's data/metadata profiles), md 1.2 (array
 UUID, name, level, raid_disks, chunk, data offset, this member's role) and XFS (UUID, label).
 
+What wipefs and blkid report is read from them (provisioner_drives: every signature, a drive's own
+XFS). A raw read stays only where no tool on the host reports the field:
+- btrfs devid, num_devices and the data/metadata profiles: blkid reports the filesystem's and the
+  device's UUIDs and the label only; btrfs-progs (inspect-internal dump-super) is not on a fresh
+  host when the plan and the first run inspect its drives;
+- md level, raid_disks, chunk, data offset and role: blkid reports the array UUID, the member UUID
+  and the name only; mdadm --examine is not on a fresh host either;
+- the XFS inside an md array (at a member's data offset, or on the array's device): md writes to
+  its members below their page cache, so only an O_DIRECT read sees what the array last wrote.
+
 Standard library only (python3 3.8 and later); no import of the other module_utils.
 """
 

@@ -405,7 +405,7 @@ def test_btrfs_profiles_read_from_images(tmp_path, data, metadata):
         assert profiles["data"] == [data] and profiles["metadata"] == [metadata], profiles
 
 
-@pytest.mark.skipif(shutil.which("mkfs.xfs") is None, reason="xfsprogs not installed here")
+@pytest.mark.skipif(shutil.which("mkfs.xfs") is None, reason="xfsprogs not installed here (install.sh --test installs it)")
 def test_xfs_superblock_from_an_image(tmp_path):
     image = tmp_path / "x.img"
     image.write_bytes(b"")
@@ -413,6 +413,16 @@ def test_xfs_superblock_from_an_image(tmp_path):
     fs_uuid = str(uuid.uuid4())
     subprocess.run(["mkfs.xfs", "-q", "-L", "data", "-m", f"uuid={fs_uuid}", str(image)], check=True)
     assert ps.superblocks.parse_xfs_super(ps.superblocks.read_at(str(image), 0, 4096)) == {"uuid": fs_uuid, "label": "data"}
+    # A drive's own XFS is read from what wipefs reports (and blkid where wipefs cannot answer), the same
+    # fields as the raw superblock, a label or none.
+    sigs, error = ps.drives.signatures_of(str(image))
+    assert error is None and ps.drives.xfs_of(sigs) == {"uuid": fs_uuid, "label": "data"}
+    blkid = ps.drives.probe(str(image), wipefs=False)
+    assert ps.drives.xfs_of(blkid["entries"]) == {"uuid": fs_uuid, "label": "data"}
+    subprocess.run(["mkfs.xfs", "-q", "-f", "-m", f"uuid={fs_uuid}", str(image)], check=True)
+    assert ps.drives.xfs_of(ps.drives.signatures_of(str(image))[0]) == {"uuid": fs_uuid, "label": ""}
+    assert ps.superblocks.parse_xfs_super(ps.superblocks.read_at(str(image), 0, 4096))["label"] == ""
+    assert ps.drives.xfs_of([{"type": "linux_raid_member", "uuid": "u", "label": "h:data", "offset": "0x1000"}]) is None
 
 
 # --------------------------------------------------------------------------
