@@ -68,6 +68,20 @@ def test_each_workload_has_the_interface_the_target_calls(workload):
     assert callable(getattr(workload, "drive", callable))
 
 
+@pytest.mark.parametrize("machine", ["vm_2vcpu", "xeon_2s"])
+def test_each_workloads_knobs_are_values_of_the_plan(machine):
+    """What a tuner may vary for a workload is named as the plan names it, on any machine."""
+    from facts_fixtures import load
+
+    from provisioner.plan import PlanOptions, derive_plan
+
+    values = derive_plan(load(machine), PlanOptions()).to_dict()["values"]
+    for workload in WORKLOADS:
+        knobs = workload.KNOBS
+        assert knobs and len(set(knobs)) == len(knobs), workload.NAME
+        assert set(knobs) <= set(values), (workload.NAME, sorted(set(knobs) - set(values)))
+
+
 def test_the_target_runs_every_workload_once_and_each_task_has_one_owner():
     from provisioner.smoke.workloads import CLUSTER_TASKS, PROFILES, TASKS, WORKERS
 

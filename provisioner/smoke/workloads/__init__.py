@@ -10,7 +10,11 @@ Each module also holds its target half, run on the host from the smoke zipapp: S
 in the quick and full profiles, keys prefixed as the raw result's "sizes" names them), WORKERS
 (task -> the measuring function a worker runs in the ML environment), optionally drive(runner)
 (its root-parent step: the parent otherwise runs its one worker) and ONLY_WHEN_NAMED (run only
-when --only names it: smoke_workloads: [hgb], or smoke_cluster for cluster). The registry derives
+when --only names it: smoke_workloads: [hgb], or smoke_cluster for cluster).
+
+KNOBS names the plan values (provisioner.plan: the role variables each one becomes) whose change
+moves the workload's figures: the search space a tuner measures it over, every name a value of the
+plan (tests/unit/test_smoke_registry.py). The registry derives
 from them what the target's parent runs: PROFILES, TASKS (the default run), CLUSTER_TASKS (every
 workload run only when named, the Ray cluster's run among them) and WORKERS.
 

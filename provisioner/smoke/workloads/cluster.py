@@ -21,6 +21,8 @@ from .hpo import SIZES as HPO_SIZES
 from .hpo import _hpo_queue, _trial, _trial_data
 
 NAME = "cluster"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("ray_trial_cpus", "ray_num_cpus")
 
 
 # ---------------------------------------------------------------- target, ML environment

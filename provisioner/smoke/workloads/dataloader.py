@@ -17,6 +17,8 @@ from ..base import FAIL, INFO, PASS, WARN, Check, _problem, against_limit
 from ..target.ml import _missing, _planned
 
 NAME = "dataloader"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("dataloader_workers", "dataloader_threads")
 
 
 # ---------------------------------------------------------------- target, ML environment

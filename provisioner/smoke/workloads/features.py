@@ -16,6 +16,8 @@ from ..base import FAIL, INFO, Check, _problem, against_limit, span
 from ..target.ml import _env_default, _missing, median
 
 NAME = "features"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("polars_threads", "arrow_cpu_threads", "allocator")
 
 
 # ---------------------------------------------------------------- target, ML environment

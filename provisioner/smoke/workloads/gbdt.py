@@ -15,6 +15,8 @@ from ..base import Check, _problem, linear_scaling
 from ..target.ml import _data, _env_default, _missing, median
 
 NAME = "gbdt"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("threads_per_job", "omp_proc_bind", "kmp_blocktime", "allocator")
 
 
 # ---------------------------------------------------------------- target, ML environment

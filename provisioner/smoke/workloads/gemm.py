@@ -23,6 +23,8 @@ from ..target.ml import _blas_threads, median
 from ..target.probe import core_cpus, read
 
 NAME = "gemm"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("threads_per_job", "omp_proc_bind", "thp_enabled")
 
 
 # ---------------------------------------------------------------- target, ML environment

@@ -21,6 +21,8 @@ from ..base import FAIL, INFO, PASS, SKIP, WARN, Check, _problem, grade
 from ..target.ml import _data, _env_int, _missing
 
 NAME = "hpo"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("trials", "threads_per_trial")
 
 
 # ---------------------------------------------------------------- target, ML environment

@@ -14,6 +14,8 @@ from ..base import FAIL, INFO, PASS, WARN, Check, _problem, span
 from ..target.ml import _data, _env_default, _missing, median
 
 NAME = "inference"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("threads_per_job", "allocator")
 
 
 # ---------------------------------------------------------------- target, ML environment

@@ -18,6 +18,8 @@ from ..target.ml import _blas_threads, median
 from ..target.probe import read
 
 NAME = "matrix"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("feature_matrix_rows", "threads_per_job", "thp_enabled")
 
 
 # ---------------------------------------------------------------- target, ML environment

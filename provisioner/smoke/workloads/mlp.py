@@ -16,6 +16,8 @@ from ..base import FAIL, WARN, Check, _problem, grade, span, worst
 from ..target.ml import _missing, median
 
 NAME = "mlp"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("threads_per_job", "torch_interop_threads", "allocator")
 
 
 # ---------------------------------------------------------------- target, ML environment

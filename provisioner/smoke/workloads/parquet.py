@@ -16,6 +16,8 @@ from ..base import Check, _problem, grade, span
 from ..target.ml import _missing, median
 
 NAME = "parquet"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("arrow_cpu_threads", "arrow_io_threads")
 
 
 # ---------------------------------------------------------------- target, ML environment

@@ -32,6 +32,8 @@ from ..target.ml import _data, _missing, median
 from ..target.probe import read
 
 NAME = "serving"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("serving_workers", "serving_threads_per_worker", "allocator")
 
 
 # ---------------------------------------------------------------- target, ML environment

@@ -19,6 +19,8 @@ from ..base import FAIL, INFO, PASS, SKIP, Check, _problem, against_limit, span
 from ..target.ml import _data, _missing, _planned, median
 
 NAME = "sklearn"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("joblib_workers", "threads_per_job")
 
 
 # ---------------------------------------------------------------- target, ML environment

@@ -17,6 +17,8 @@ from ..target.ml import _env_default, _env_int, _missing, median
 from .mlp import step_against_sgemm
 
 NAME = "tensorflow"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("tf_intra_op_threads", "tf_inter_op_threads")
 
 
 # ---------------------------------------------------------------- target, ML environment

@@ -15,6 +15,8 @@ from ..hardware import dram_gbps
 from ..target.ml import median
 
 NAME = "triad"
+# The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
+KNOBS: tuple[str, ...] = ("threads_per_job", "omp_proc_bind", "thp_enabled")
 
 
 # ---------------------------------------------------------------- target, ML environment
