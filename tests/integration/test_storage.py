@@ -1,11 +1,17 @@
 """The storage role end to end on lab servers with loop devices bound in as drives (marked lab).
 
 btrfs RAID0 end to end (check mode first, create, write + checksum, remount from fstab, re-run
-with no change, undo keeping the data, adoption), a drive holding data that is not listed or
-listed without storage_wipe_devices (refused, data unchanged), wiping when allowed, XFS on one
-drive, and the mdadm backend on this kernel without an md driver (skipped with the reason, the
-planned commands and mdadm.conf line rendered). The module's decisions and the role's templates
-are tested without a lab in tests/unit/test_storage_module.py.
+with no change, undo keeping the data and removing the role's files, adoption), a drive holding
+data that is not listed or listed without storage_wipe_devices (refused, data unchanged, on one
+host or on one of a fleet's), then wiping that drive when allowed, XFS on one drive, the mdadm
+backend on this kernel without an md driver (skipped with the reason, the planned commands and
+mdadm.conf line rendered), and the plan's proposal, built only when confirmed and then run again
+with no change. The module's decisions and the role's templates are tested without a lab in
+tests/unit/test_storage_module.py.
+
+Each test has a server of its own, except two pairs whose runs follow each other on one server:
+a module fixture runs them all (the refusal, then the wiping; the proposal, then its second run),
+reads the host after each and takes the server down, and each test of the pair asserts its part.
 
 A storage refusal ends `provisioner up` with exit code 1, not 2: 2 means refused on the control
 node before any host was touched (the plan role), while the refusal needs the target's drives
@@ -19,10 +25,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
+
+from provisioner import lab
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -38,41 +49,65 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@pytest.fixture
-def loop_drives(tmp_path):
-    """Factory: make(size='1G', ext4_file=None) -> /dev/loopN backed by a sparse file.
+@contextmanager
+def _loops(directory: Path) -> Iterator[Callable[..., str]]:
+    """make(size='1G', ext4_file=None) -> /dev/loopN backed by a sparse file in DIRECTORY.
 
     ext4_file=(name, bytes): the image gets an ext4 filesystem labelled 'precious' holding that file
-    (mkfs.ext4 -d, no mount). Teardown detaches each loop device that still points at its image, then
-    deletes the images."""
+    (mkfs.ext4 -d, no mount). On exit each loop device that still points at its image is detached,
+    then the images are deleted."""
     made: list[tuple[str, Path]] = []
 
     def make(size: str = "1G", ext4_file: tuple[str, bytes] | None = None) -> str:
-        image = tmp_path / f"drive{len(made)}.img"
+        image = directory / f"drive{len(made)}.img"
         subprocess.run(["truncate", "--size", size, str(image)], check=True)
         if ext4_file is not None:
-            src = tmp_path / f"content{len(made)}"
+            src = directory / f"content{len(made)}"
             src.mkdir()
             (src / ext4_file[0]).write_bytes(ext4_file[1])
             subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "precious", "-d", str(src), str(image)], check=True)
-        loop = subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True,
-                              text=True).stdout.strip()
+        loop = subprocess.run(
+            ["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True
+        ).stdout.strip()
         made.append((loop, image))
         return loop
 
-    yield make
-    for loop, image in reversed(made):
-        back = subprocess.run(["losetup", "--noheadings", "--output", "BACK-FILE", loop], capture_output=True,
-                              text=True).stdout.strip()
-        if back == str(image):
-            subprocess.run(["losetup", "--detach", loop], check=False)
-        image.unlink(missing_ok=True)
+    try:
+        yield make
+    finally:
+        for loop, image in reversed(made):
+            back = subprocess.run(
+                ["losetup", "--noheadings", "--output", "BACK-FILE", loop], capture_output=True, text=True
+            ).stdout.strip()
+            if back == str(image):
+                subprocess.run(["losetup", "--detach", loop], check=False)
+            image.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def loop_drives(tmp_path):
+    """Factory for loop devices as drives (_loops), detached and deleted after the test."""
+    with _loops(tmp_path) as make:
+        yield make
 
 
 @pytest.fixture
 def storage_lab(loop_drives, fresh_lab_server):
     """(loop_drives, fresh_lab_server): the loops are set up first, so torn down after the servers."""
     return loop_drives, fresh_lab_server
+
+
+@contextmanager
+def story_lab(directory: Path) -> Iterator[tuple[Callable[..., str], Callable[..., lab.LabServer]]]:
+    """storage_lab for a module fixture, whose runs two tests then read: the servers are torn down on
+    exit, then the loops, so none of them outlives the fixture's story."""
+    with _loops(directory) as drives, ExitStack() as servers:
+
+        def make_server(name: str, devices: Sequence[str] = ()) -> lab.LabServer:
+            servers.callback(lab.down, name)
+            return lab.up(name, devices=devices)
+
+        yield drives, make_server
 
 
 def ext4_file_sha(loop: str, name: str) -> str:
@@ -241,8 +276,11 @@ def test_btrfs_raid0_end_to_end(storage_lab, tmp_path):
     assert undo.rc == 0, undo.failures()
     assert ssh(server, "findmnt /data", check=False).returncode != 0
     assert " /data " not in ssh(server, "cat /etc/fstab").stdout
-    assert ssh(server, "test -e /etc/udev/rules.d/60-provisioner-storage.rules", check=False).returncode != 0
+    left = ssh(server, "for f in /etc/udev/rules.d/60-provisioner-storage.rules /var/lib/provisioner/originals/storage.json "
+                       "/var/lib/provisioner/storage-plan.txt; do test -e $f && echo $f; done; true").stdout.split()
+    assert left == [], f"undo left {left}"
     assert ssh(server, f"blockdev --getra {a}").stdout.strip() == ra_before, "read-ahead not restored"
+    assert ssh(server, f"blkid -p -s TYPE -o value {a}").stdout.strip() == "btrfs", "undo touched the filesystem"
     assert ssh(server, f"blkid -p -s UUID -o value {b}").stdout.strip() == uuid_, "undo touched the filesystem"
     again = play(server, tmp_path, {}, playbook=UNDO)
     assert again.rc == 0 and again.changed() == []
@@ -272,24 +310,55 @@ def test_a_drive_with_data_that_is_not_listed_is_untouched(storage_lab, tmp_path
     assert ssh(server, f"blkid -p -s LABEL -o value {precious}").stdout.strip() == "precious"
 
 
+@pytest.fixture(scope="module")
+def refused_then_wiped(lab_requirements, tmp_path_factory) -> SimpleNamespace:
+    """One server, a blank drive and a 512M one holding an ext4 filesystem with data, both listed for
+    btrfs: refused (check mode, then for real) without storage_wipe_devices, the host read then, and
+    a run with the ext4 drive in storage_wipe_devices on the same server."""
+    tmp = tmp_path_factory.mktemp("refused-then-wiped")
+    with story_lab(tmp) as storage_lab:
+        server, blank, precious, _ = blank_and_precious(storage_lab, "pv-storage-refuse")
+        story = SimpleNamespace(blank=blank, precious=precious, before=ext4_file_sha(precious, "precious.bin"))
+        ev = btrfs_vars(blank, precious)
+        story.refused = [play(server, tmp, ev, check=check) for check in (True, False)]
+        story.btrfs_progs = ssh(server, "dpkg -s btrfs-progs", check=False).returncode
+        story.originals = ssh(server, "ls /var/lib/provisioner/originals/storage.json", check=False).returncode
+        story.fstab = ssh(server, "cat /etc/fstab").stdout
+        story.after = ext4_file_sha(precious, "precious.bin")
+        story.blank_type = ssh(server, f"blkid -p -s TYPE -o value {blank}", check=False).returncode
+
+        story.wiped = play(server, tmp, btrfs_vars(blank, precious, storage_wipe_devices=[precious]))
+        story.wiped_type = ssh(server, f"blkid -p -s TYPE -o value {precious}", check=False).stdout.strip()
+        story.wiped_df = ssh(server, "btrfs filesystem df /data", check=False).stdout
+    return story
+
+
 @pytest.mark.lab
-def test_a_listed_drive_with_data_is_refused_without_wiping_allowed(storage_lab, tmp_path):
-    server, blank, precious, _ = blank_and_precious(storage_lab, "pv-storage-refuse")
-    before = ext4_file_sha(precious, "precious.bin")
-    ev = btrfs_vars(blank, precious)
-    for check in (True, False):
-        r = play(server, tmp_path, ev, check=check)
+def test_a_listed_drive_with_data_is_refused_without_wiping_allowed(refused_then_wiped):
+    story = refused_then_wiped
+    for r in story.refused:  # check mode, then for real
         assert r.rc != 0
         failures = r.failures()
         assert len(failures) == 1 and "\n" not in failures[0], failures
-        assert failures[0].startswith(f"storage: refusing {precious}: holds an ext4 filesystem (label precious, UUID ")
+        assert failures[0].startswith(f"storage: refusing {story.precious}: holds an ext4 filesystem (label precious, UUID ")
         assert failures[0].endswith(f"{SEP} add it to storage_wipe_devices to allow wiping it")
         assert r.changed("storage") == [], "the storage role changed something before refusing"
-    assert ssh(server, "dpkg -s btrfs-progs", check=False).returncode != 0, "packages installed before the refusal"
-    assert ssh(server, "ls /var/lib/provisioner/originals/storage.json", check=False).returncode != 0
-    assert " /data " not in ssh(server, "cat /etc/fstab").stdout
-    assert ext4_file_sha(precious, "precious.bin") == before
-    assert ssh(server, f"blkid -p -s TYPE -o value {blank}", check=False).returncode == 2, "the blank drive was touched"
+    assert story.btrfs_progs != 0, "packages installed before the refusal"
+    assert story.originals != 0
+    assert " /data " not in story.fstab
+    assert story.after == story.before
+    assert story.blank_type == 2, "the blank drive was touched"
+
+
+@pytest.mark.lab
+def test_wiping_allowed_replaces_the_old_filesystem(refused_then_wiped):
+    story = refused_then_wiped
+    old, r = story.precious, story.wiped
+    assert r.rc == 0, r.failures()
+    assert any(f"wipefs --all {old}" in name or f"wipefs --all {old}" in json.dumps(res)
+               for name, res in r.results("storage") if res.get("changed"))
+    assert story.wiped_type == "btrfs"
+    assert "Data, RAID0" in story.wiped_df
 
 
 @pytest.mark.lab
@@ -305,19 +374,6 @@ def test_refusal_exit_code_through_provisioner_up(storage_lab, tmp_path):
     assert f"storage: refusing {precious}: holds an ext4 filesystem" in r.stdout
     assert ext4_file_sha(precious, "precious.bin") == written
     assert ssh(server, "id ml", check=False).returncode != 0, "common changed the host before the refusal"
-
-
-@pytest.mark.lab
-def test_wiping_allowed_replaces_the_old_filesystem(storage_lab, tmp_path):
-    drives, make_server = storage_lab
-    blank, old = drives(), drives("1G", ext4_file=("old.bin", b"scratch"))
-    server = make_server("pv-storage-wipe", devices=[blank, old])
-    r = play(server, tmp_path, btrfs_vars(blank, old, storage_wipe_devices=[old]))
-    assert r.rc == 0, r.failures()
-    assert any(f"wipefs --all {old}" in name or f"wipefs --all {old}" in json.dumps(res)
-               for name, res in r.results("storage") if res.get("changed"))
-    assert ssh(server, f"blkid -p -s TYPE -o value {old}").stdout.strip() == "btrfs"
-    assert "Data, RAID0" in ssh(server, "btrfs filesystem df /data").stdout
 
 
 @pytest.mark.lab
@@ -415,49 +471,59 @@ def test_mdadm_without_md_driver_is_skipped_with_the_plan_rendered(storage_lab, 
     assert ext4_file_sha(precious, "p.bin") == _sha256(payload)
 
 
-@pytest.mark.lab
-def test_the_plan_proposal_is_built_only_when_confirmed(storage_lab, tmp_path):
-    drives, make_server = storage_lab
-    a, b = drives(), drives()
-    server = make_server("pv-storage-proposal", devices=[a, b])
-    plan_vars = {"plan_storage_devices": [a, b], "plan_storage_backend": "btrfs", "plan_data_mountpoint": "/scratch"}
+@pytest.fixture(scope="module")
+def proposal(lab_requirements, tmp_path_factory) -> SimpleNamespace:
+    """One server with two blank drives: the plan's proposal (btrfs at /scratch) run unconfirmed,
+    confirmed on kernel names, confirmed with those allowed, and that confirmed run a second time."""
+    tmp = tmp_path_factory.mktemp("proposal")
+    with story_lab(tmp) as (drives, make_server):
+        a, b = drives(), drives()
+        server = make_server("pv-storage-proposal", devices=[a, b])
+        plan_vars = {"plan_storage_devices": [a, b], "plan_storage_backend": "btrfs", "plan_data_mountpoint": "/scratch"}
+        confirmed = {**plan_vars, "storage_use_plan_proposal": True, "storage_allow_unstable_names": True}
+        story = SimpleNamespace(a=a)
 
-    proposed = play(server, tmp_path, plan_vars)
-    assert proposed.rc == 0, proposed.failures()
-    assert any("storage: nothing to do" in m for m in proposed.messages()), "built without the user's confirmation"
-    assert ssh(server, f"blkid -p {a}", check=False).returncode == 2
+        story.proposed = play(server, tmp, plan_vars)
+        story.a_after_proposed = ssh(server, f"blkid -p {a}", check=False).returncode
+        story.unstable = play(server, tmp, {**plan_vars, "storage_use_plan_proposal": True})
+
+        story.confirmed = play(server, tmp, confirmed)
+        story.fstype = ssh(server, "findmnt -n -o FSTYPE /scratch", check=False).stdout.strip()
+        story.df = ssh(server, "btrfs filesystem df /scratch", check=False).stdout
+        story.uuid = ssh(server, "findmnt -n -o UUID /scratch", check=False).stdout.strip()
+        story.fstab = ssh(server, "cat /etc/fstab").stdout
+
+        story.second = play(server, tmp, confirmed)
+        story.uuid_after_second = ssh(server, "findmnt -n -o UUID /scratch", check=False).stdout.strip()
+        story.fstab_after_second = ssh(server, "cat /etc/fstab").stdout
+    return story
+
+
+@pytest.mark.lab
+def test_the_plan_proposal_is_built_only_when_confirmed(proposal):
+    story = proposal
+    assert story.proposed.rc == 0, story.proposed.failures()
+    assert any("storage: nothing to do" in m for m in story.proposed.messages()), "built without the user's confirmation"
+    assert story.a_after_proposed == 2
 
     # Loop devices have no by-id link: the plan proposes their kernel names, refused unless allowed.
-    unstable = play(server, tmp_path, {**plan_vars, "storage_use_plan_proposal": True})
-    assert unstable.rc != 0
-    assert unstable.failures()[0].startswith(f"storage: {a} is a kernel name, which can change across reboots")
+    assert story.unstable.rc != 0
+    assert story.unstable.failures()[0].startswith(f"storage: {story.a} is a kernel name, which can change across reboots")
 
-    confirmed = play(server, tmp_path, {**plan_vars, "storage_use_plan_proposal": True,
-                                        "storage_allow_unstable_names": True})
-    assert confirmed.rc == 0, confirmed.failures()
-    assert ssh(server, "findmnt -n -o FSTYPE /scratch").stdout.strip() == "btrfs"
-    assert "Data, RAID0" in ssh(server, "btrfs filesystem df /scratch").stdout
+    assert story.confirmed.rc == 0, story.confirmed.failures()
+    assert story.fstype == "btrfs"
+    assert "Data, RAID0" in story.df
 
 
 @pytest.mark.lab
-def test_the_confirmed_proposal_run_twice_changes_nothing(storage_lab, tmp_path):
+def test_the_confirmed_proposal_run_twice_changes_nothing(proposal):
     """The second run of a confirmed proposal: the plan recognises the btrfs it built at /scratch as its
     own (one member is the mount's source, the other carries the same filesystem UUID) and proposes it
     again, marked existing, instead of refusing /dev/loopN as "mounted at /scratch"; the role adopts it."""
-    drives, make_server = storage_lab
-    a, b = drives(), drives()
-    server = make_server("pv-storage-rerun", devices=[a, b])
-    confirmed = {"plan_storage_devices": [a, b], "plan_storage_backend": "btrfs", "plan_data_mountpoint": "/scratch",
-                 "storage_use_plan_proposal": True, "storage_allow_unstable_names": True}
-
-    first = play(server, tmp_path, confirmed)
-    assert first.rc == 0, first.failures()
-    assert ssh(server, "findmnt -n -o FSTYPE /scratch").stdout.strip() == "btrfs"
-    uuid = ssh(server, "findmnt -n -o UUID /scratch").stdout.strip()
-    fstab = ssh(server, "cat /etc/fstab").stdout
-
-    second = play(server, tmp_path, confirmed)
-    assert second.rc == 0, second.failures()
-    assert second.changed() == [], second.changed()
-    assert ssh(server, "findmnt -n -o UUID /scratch").stdout.strip() == uuid
-    assert ssh(server, "cat /etc/fstab").stdout == fstab
+    story = proposal
+    assert story.confirmed.rc == 0, story.confirmed.failures()
+    assert story.fstype == "btrfs" and story.uuid
+    assert story.second.rc == 0, story.second.failures()
+    assert story.second.changed() == [], story.second.changed()
+    assert story.uuid_after_second == story.uuid
+    assert story.fstab_after_second == story.fstab
