@@ -205,7 +205,7 @@ class Run:
         return [str(r.get("msg")) for _, r in self.results() if r.get("failed") and not r.get("skipped")]
 
     def messages(self) -> list[str]:
-        out = []
+        out: list[str] = []
         for _, r in self.results():
             msg = r.get("msg")
             out += msg if isinstance(msg, list) else [str(msg)] if msg else []
