@@ -136,6 +136,7 @@ def plan_verdict(case: dict[str, Any]) -> str:
     options = PlanOptions(storage_devices=("/dev/loop5",), storage_level="single", data_mountpoint=MOUNTPOINT)
     try:
         storage = derive_plan(facts, options).storage
+        assert storage is not None
     except PlanError:
         return "refuse"
     return "use" if storage["proposed"] else "refuse"

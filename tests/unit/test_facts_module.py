@@ -394,6 +394,7 @@ def test_gather_fake_tree_feeds_the_plan(fake_root):
     plan = derive_plan(pf.gather(str(fake_root)), PlanOptions())
     assert plan.value("threads_per_job") == 4
     assert plan.value("cpu_governor") == "performance"
+    assert plan.storage is not None
     assert plan.storage["proposed"] is False  # one free NVMe drive only
     excluded = {e["name"]: e["reason"] for e in plan.storage["excluded"]}
     assert excluded["nvme0n1"].startswith("root disk")

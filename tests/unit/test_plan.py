@@ -403,6 +403,7 @@ def test_one_openmp_runtime_and_no_kmp(facts):
 
 def test_storage_proposes_the_two_unused_nvme_drives(epyc):
     storage = derive_plan(epyc, PlanOptions()).storage
+    assert storage is not None
     assert storage["proposed"] is True
     assert storage["confirmed"] is False
     assert (storage["level"], storage["backend"], storage["filesystem"]) == ("raid0", "mdadm", "xfs")
@@ -418,6 +419,7 @@ def test_storage_proposes_the_two_unused_nvme_drives(epyc):
 
 def test_storage_never_proposes_the_root_disk(epyc):
     storage = derive_plan(epyc, PlanOptions()).storage
+    assert storage is not None
     excluded = {e["name"]: e["reason"] for e in storage["excluded"]}
     assert excluded == {"nvme0n1": "root disk: holds /, /boot or /boot/efi"}
     assert "nvme0n1" not in [d["name"] for d in storage["devices"]]
@@ -425,6 +427,7 @@ def test_storage_never_proposes_the_root_disk(epyc):
 
 def test_storage_excludes_a_drive_with_a_filesystem(xeon):
     storage = derive_plan(xeon, PlanOptions()).storage
+    assert storage is not None
     excluded = {e["name"]: e["reason"] for e in storage["excluded"]}
     assert "xfs" in excluded["nvme2n1"] and "signature" in excluded["nvme2n1"]
     assert excluded["sda"].startswith("root disk")
@@ -446,6 +449,7 @@ def test_storage_excludes_a_drive_with_a_filesystem(xeon):
 def test_storage_exclusions(epyc, change, expected):
     epyc["block_devices"][1].update(change)
     storage = derive_plan(epyc, PlanOptions()).storage
+    assert storage is not None
     excluded = {e["name"]: e["reason"] for e in storage["excluded"]}
     assert expected in excluded["nvme1n1"]
     assert storage["proposed"] is False
@@ -458,8 +462,10 @@ def test_exclusion_reason_free_drive(epyc):
 
 def test_storage_raid1_and_single(epyc):
     raid1 = derive_plan(epyc, PlanOptions(storage_level="raid1")).storage
+    assert raid1 is not None
     assert raid1["level"] == "raid1" and raid1["usable_bytes"] == 3840755982336
     single = derive_plan(epyc, PlanOptions(storage_level="single")).storage
+    assert single is not None
     assert len(single["devices"]) == 1
     assert single["chunk_kb"] is None
     assert any(e["reason"] == "level single uses one drive" for e in single["excluded"])
@@ -467,19 +473,23 @@ def test_storage_raid1_and_single(epyc):
 
 def test_storage_raid10_needs_four_drives(epyc):
     storage = derive_plan(epyc, PlanOptions(storage_level="raid10")).storage
+    assert storage is not None
     assert storage["proposed"] is False
     assert "raid10 needs 4" in storage["reason"]
 
 
 def test_storage_btrfs(epyc):
     storage = derive_plan(epyc, PlanOptions(storage_backend="btrfs", storage_level="raid1")).storage
+    assert storage is not None
     assert storage["filesystem"] == "btrfs"
     assert storage["metadata_profile"] == "raid1"
     assert storage["chunk_kb"] is None
 
 
 def test_storage_mountpoint_option(epyc):
-    assert derive_plan(epyc, PlanOptions(data_mountpoint="/scratch")).storage["mountpoint"] == "/scratch"
+    storage = derive_plan(epyc, PlanOptions(data_mountpoint="/scratch")).storage
+    assert storage is not None
+    assert storage["mountpoint"] == "/scratch"
 
 
 @pytest.mark.parametrize("mountpoint", ["data", "/", "/boot", "/usr"])
@@ -498,6 +508,7 @@ def test_unknown_storage_level_and_backend_are_refused():
 def test_nothing_proposed_on_a_single_disk_machine(laptop, vm):
     for facts in (laptop, vm):
         storage = derive_plan(facts, PlanOptions()).storage
+        assert storage is not None
         assert storage["proposed"] is False
         assert storage["devices"] == []
         assert storage["excluded"][0]["reason"].startswith("root disk")
@@ -524,6 +535,7 @@ def _loops(epyc: dict) -> dict:
 def test_named_loop_devices_are_used_with_a_warning(epyc):
     plan = derive_plan(_loops(epyc), PlanOptions(storage_devices=("/dev/loop0", "loop1")))
     storage = plan.storage
+    assert storage is not None
     assert storage["proposed"] is True
     assert [d["id"] for d in storage["devices"]] == ["/dev/loop0", "/dev/loop1"]
     assert any("no /dev/disk/by-id link" in w for w in plan.warnings)
@@ -535,6 +547,7 @@ def test_named_loop_devices_are_used_with_a_warning(epyc):
 
 def test_unnamed_loop_devices_are_not_proposed(epyc):
     storage = derive_plan(_loops(epyc), PlanOptions()).storage
+    assert storage is not None
     assert [d["name"] for d in storage["devices"]] == ["nvme1n1", "nvme2n1"]
     # Not listed either: loop devices come and go with other software, and the plan must not.
     assert not {"loop0", "loop1"} & {e["name"] for e in storage["excluded"]}
@@ -550,6 +563,7 @@ def test_named_drive_in_use_is_refused(epyc):
 def test_named_drive_by_id(epyc):
     wanted = epyc["block_devices"][2]["by_id"][1]
     storage = derive_plan(epyc, PlanOptions(storage_devices=(wanted,), storage_level="single")).storage
+    assert storage is not None
     assert [d["name"] for d in storage["devices"]] == ["nvme2n1"]
 
 
@@ -562,6 +576,7 @@ def test_mixed_drive_sizes_warn(epyc):
     epyc["block_devices"][2]["size_bytes"] = 7681501126656
     plan = derive_plan(epyc, PlanOptions())
     assert any("differ in size" in w for w in plan.warnings)
+    assert plan.storage is not None
     assert plan.storage["usable_bytes"] == 2 * 3840755982336
 
 

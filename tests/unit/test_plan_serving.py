@@ -25,6 +25,7 @@ def test_workers_times_threads_is_the_physical_cores(machine, workers, threads):
     f = load(machine)
     plan = derive_plan(f)
     serving = plan.serving
+    assert serving is not None
     assert (serving["workers"], serving["threads_per_worker"]) == (workers, threads)
     assert workers * threads == f["cpu"]["cores"]
     assert plan.value("serving_workers") == workers
@@ -43,6 +44,7 @@ def test_slices_follow_the_sibling_lists_when_the_facts_have_them():
     # A host whose siblings are numbered in pairs (0-1, 2-3, ...), not k and k + cores.
     f["cpu"]["core_cpus"] = [[0, 1], [2, 3], [4, 5], [6, 7]]
     serving = derive_plan(f).serving
+    assert serving is not None
     assert serving["worker_cpus"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert "sysfs sibling lists" in serving["reasons"][2]
 
@@ -62,6 +64,7 @@ def test_memory_budget_is_the_share_of_ram_after_hugepages_split_over_workers():
     total = f["memory"]["total_bytes"]
     plan = derive_plan(f, PlanOptions(hugepages_size="1G", hugepages_count=64))
     serving = plan.serving
+    assert serving is not None
     expected = int((total - 64 * GIB) * 0.5)
     assert serving["memory_budget_bytes"] == expected == plan.value("serving_memory_budget_bytes")
     assert serving["worker_memory_bytes"] == expected // 4
@@ -69,14 +72,17 @@ def test_memory_budget_is_the_share_of_ram_after_hugepages_split_over_workers():
     assert "64.0 GiB hugepages" in plan.reason("serving_memory_budget_bytes")
 
     bigger = derive_plan(f, PlanOptions(serving_memory_share=0.8)).serving
+    assert bigger is not None
     assert bigger["memory_budget_bytes"] == int(total * 0.8)
 
 
 def test_overrides_are_taken_and_the_rest_follows():
     f = load("epyc_4545p")
     serving = derive_plan(f, PlanOptions(serving_threads_per_worker=8)).serving
+    assert serving is not None
     assert (serving["workers"], serving["threads_per_worker"]) == (2, 8)
     serving = derive_plan(f, PlanOptions(serving_workers=2)).serving
+    assert serving is not None
     assert (serving["workers"], serving["threads_per_worker"]) == (2, 4)
     assert "8 core(s) left" in serving["reasons"][2]
 
@@ -89,6 +95,7 @@ def test_oversubscription_is_refused_naming_the_numbers_and_the_fix():
     plan = derive_plan(load("epyc_4545p"), PlanOptions(serving_workers=8, allow_oversubscription=True))
     assert any("oversubscribed by choice" in w for w in plan.warnings)
     # Overlapping slices would be a lie: every worker gets the whole host instead.
+    assert plan.serving is not None
     assert all(len(s) == 32 for s in plan.serving["worker_cpus"])
 
 
@@ -98,7 +105,9 @@ def test_too_little_memory_per_worker_is_refused():
     with pytest.raises(PlanError, match=r"per worker leaves .* for models .*plan_serving_workers"):
         derive_plan(f)
     # One worker with the whole share fits.
-    assert derive_plan(f, PlanOptions(serving_workers=1, serving_threads_per_worker=4)).serving["workers"] == 1
+    serving = derive_plan(f, PlanOptions(serving_workers=1, serving_threads_per_worker=4)).serving
+    assert serving is not None
+    assert serving["workers"] == 1
 
 
 def test_the_section_travels_as_json():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playbook_cases import Run, local_host, run_cases
@@ -147,7 +148,7 @@ RENDER = [
     },
 ]
 # What each test below renders, in one ansible-playbook run: one host per input.
-RENDER_INPUT = {
+RENDER_INPUT: dict[str, dict[str, Any]] = {
     "from-the-plan": {"provisioner_plan": PLAN},
     "four-workers": {"provisioner_plan": PLAN, "serving_workers": 4, "serving_worker_cpus": [[0], [1], [4], [5]]},
     "one-worker": {"provisioner_plan": PLAN, "serving_workers": 1},
@@ -195,6 +196,7 @@ def test_other_workers_than_the_plans_split_the_budget_and_drop_its_slices(rende
 def test_without_a_plan_the_facts_size_it(render_run):
     config, dropin = _rendered(render_run, "no-plan")
     cores = os.cpu_count()
+    assert cores is not None
     assert config["models"] == [{"name": "fraud", "version": "3"}]
     assert all(w["threads"] == 1 for w in config["workers"]) and 1 <= len(config["workers"]) <= cores
     assert "CPUAffinity" not in dropin

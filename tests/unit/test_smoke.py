@@ -186,6 +186,7 @@ def test_dram_limit_comes_from_the_dimms_or_there_is_no_ratio(raw):
     ]}
     c = by_id(smoke.evaluate(raw))["memory.triad"]
     assert c.limit == pytest.approx(57.6)  # AM5: 2 channels x 8 B x 3600 MT/s
+    assert c.figure is not None
     assert "configured" in c.basis and c.ratio == pytest.approx(c.figure / 57.6)
     raw["memory"]["dimms"][0]["configured_mts"] = None
     raw["memory"]["dimms"][0]["rated_mts"] = None
@@ -279,6 +280,7 @@ def test_baseline_figures_sit_next_to_the_tuned_ones(raw, tuned):
     smoke.attach_baseline(after, base)
     c = by_id(after)["hpo.parallel"]
     assert c.baseline == pytest.approx(raw["results"]["hpo"]["runs"]["parallel"]["trials_per_min"])
+    assert c.baseline is not None
     assert c.gain == pytest.approx(60.0 / c.baseline)
     p99 = by_id(after)["inference.p99"]
     assert p99.gain == pytest.approx(1.0)  # lower-is-better figures: before / after
@@ -294,7 +296,9 @@ def test_history_keeps_runs_per_host_and_finds_the_last(raw, tmp_path, monkeypat
     second = smoke.judge("h1", second_raw)
     assert second.previous_started == raw["started"]
     assert by_id(second)["compute.dgemm_all"].regression
-    assert smoke.latest("h1", "baseline", "quick").started == "2026-11-30T20:00:00Z"
+    latest = smoke.latest("h1", "baseline", "quick")
+    assert latest is not None
+    assert latest.started == "2026-11-30T20:00:00Z"
     assert smoke.latest("h2", "baseline", "quick") is None
     assert len(list((tmp_path / "smoke" / "h1").glob("*.json"))) == 2
 
@@ -445,6 +449,7 @@ def test_serving_requests_per_second_are_held_against_the_in_process_rate_times_
     rps, inproc = c["serving.rps"], tuned["results"]["serving"]["inproc"]["per_s"]
     assert rps.figure == level(tuned, 8)["requests_per_s"]
     assert rps.limit == pytest.approx(inproc * 2)  # 2 physical cores
+    assert rps.figure is not None and rps.limit is not None
     assert rps.ratio == pytest.approx(rps.figure / rps.limit) and rps.status == smoke.PASS
     assert "of the in-process rate x 2 cores" in rps.reason and "one thread" in rps.basis
     p99 = c["serving.p99"]
@@ -458,7 +463,9 @@ def test_serving_below_the_grades_warns_then_fails(served):
     _, tuned = served
     limit = by_id(smoke.evaluate(tuned))["serving.rps"].limit
     ok, warn = smoke.SERVING_GRADES
-    tuned["results"]["serving"]["inproc"]["per_s"] *= by_id(smoke.evaluate(tuned))["serving.rps"].figure / limit / ((ok + warn) / 2)
+    figure = by_id(smoke.evaluate(tuned))["serving.rps"].figure
+    assert figure is not None and limit is not None
+    tuned["results"]["serving"]["inproc"]["per_s"] *= figure / limit / ((ok + warn) / 2)
     c = by_id(smoke.evaluate(tuned))["serving.rps"]
     assert c.status == smoke.WARN and c.ratio == pytest.approx((ok + warn) / 2) and "too few workers" in c.reason
     tuned["results"]["serving"]["inproc"]["per_s"] *= 3
@@ -480,7 +487,8 @@ def test_any_failed_request_at_any_level_fails_serving(served, capture, connecti
     _, tuned = served
     set_level(tuned, connections, serving.parse_wrk((DATA / capture).read_text()))
     c = by_id(smoke.evaluate(tuned))
-    assert c["serving.errors"].status == smoke.FAIL and c["serving.errors"].figure > 0
+    errors = c["serving.errors"]
+    assert errors.status == smoke.FAIL and errors.figure is not None and errors.figure > 0
     assert f"{connections} connections:" in c["serving.errors"].reason
     assert c["serving.rps"].status == smoke.FAIL and "failed requests under load" in c["serving.rps"].reason
 
@@ -548,6 +556,7 @@ def test_cost_view_with_a_monthly_price(served):
     after = smoke.evaluate(tuned)
     c = by_id(after)
     rps, trials = c["serving.rps"].figure, c["hpo.parallel"].figure
+    assert rps is not None and trials is not None
     assert c["cost.serving.host"].figure == pytest.approx(1e6 / rps * (146 / 730) / 3600)
     assert c["cost.hpo.host"].figure == pytest.approx((146 / 730) / (trials * 60))
     for name, per_hour in prices.items():

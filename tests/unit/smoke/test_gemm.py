@@ -19,6 +19,7 @@ def test_the_smoke_script_asks_the_doctor_about_the_kernel(tmp_path, monkeypatch
     shutil.copy(ROOT / "roles/mlstack/files/mlstack-doctor", tmp_path / "bin" / "mlstack-doctor")
     info = [{"user_api": "blas", "internal_api": "openblas", "architecture": "Prescott", "filepath": "/x/libopenblas.so"}]
     verdict = gemm.blas_kernel_verdict(info)
+    assert verdict is not None
     assert verdict["name"] == "blas-kernel"
     flags = (Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]).split()
     if "avx2" in flags or "avx512f" in flags:

@@ -49,9 +49,10 @@ def test_a_deployed_server_is_measured_only_when_worker_0_says_ready(tmp_path):
     cfg = tmp_path / "serving.json"
     cfg.write_text(json.dumps({"schema": 1, "registry": str(tmp_path), "listen": "127.0.0.1", "port": 1, "admin_port_base": port}))
     target, why = serving.deployed_server(str(cfg))
-    assert target is None and f"worker 0 is not ready on 127.0.0.1:{port}" in why
+    assert target is None and why is not None and f"worker 0 is not ready on 127.0.0.1:{port}" in why
     cfg.write_text("{")
-    assert "cannot be read" in serving.deployed_server(str(cfg))[1]
+    why = serving.deployed_server(str(cfg))[1]
+    assert why is not None and "cannot be read" in why
 
 
 def test_without_wrk_the_serving_workload_is_skipped_naming_the_package(monkeypatch):
