@@ -25,6 +25,7 @@ FILTERS = ROOT / "plugins" / "filter" / "mlstack.py"
 def _load(name: str, path: Path):
     loader = SourceFileLoader(name, str(path))
     spec = importlib.util.spec_from_loader(name, loader)
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module

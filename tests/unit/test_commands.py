@@ -72,7 +72,7 @@ def test_a_refusal_is_a_result_without_data():
 
 
 def test_result_is_frozen():
-    result = Result("lab list", [])
+    result: Result[list[str]] = Result("lab list", [])
     with pytest.raises(AttributeError):
         result.exit_code = ExitCode.INTERNAL  # type: ignore[misc]
 

@@ -20,7 +20,7 @@ SOURCE = plugin_code.load("module_utils", "provisioner_constants")
 FILTERS = plugin_code.load("filter", "provisioner").FilterModule().filters()
 
 
-def spec_options(role: str) -> dict[str, dict]:
+def spec_options(role: str) -> dict[tuple[str, str], dict]:
     """Every option of every entry point of ROLE's argument specs, by (entry point, option)."""
     specs = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
     return {(entry, name): option for entry, body in specs.items() for name, option in (body.get("options") or {}).items()}
@@ -30,6 +30,7 @@ def documentation(kind: str, name: str) -> dict:
     tree = ast.parse((plugin_code.PLUGINS / kind / f"{name}.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DOCUMENTATION":
+            assert isinstance(node.value, ast.Constant) and isinstance(node.value.value, str), name
             return yaml.safe_load(node.value.value)["options"]
     raise AssertionError(f"{name} has no DOCUMENTATION")
 

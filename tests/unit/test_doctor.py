@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _load():
     loader = SourceFileLoader("mlstack_doctor_new", str(ROOT / "roles/mlstack/files/mlstack-doctor"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module

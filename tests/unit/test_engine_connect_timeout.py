@@ -5,6 +5,8 @@ Mitogen's own ssh options take the adjusted arguments."""
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from typing import Any
 
 import ansible_mitogen.connection
 import mitogen.parent
@@ -30,7 +32,9 @@ def test_ssh_gets_the_hosts_timeout_and_mitogens_start_more():
 
 def test_installed_it_adjusts_what_mitogens_ssh_connection_is_given():
     mod = plugin()
-    table = {"ssh": lambda spec: {"method": "ssh", "kwargs": {"hostname": "h", "connect_timeout": 7, "ssh_args": ["-x"]}}}
+    table: dict[str, Callable[[Any], dict[str, Any]]] = {
+        "ssh": lambda spec: {"method": "ssh", "kwargs": {"hostname": "h", "connect_timeout": 7, "ssh_args": ["-x"]}}
+    }
     table["smart"] = table["ssh"]
     fake = types.SimpleNamespace(CONNECTION_METHOD=table)
     wrap = plugin("_host_keys").wrap_methods  # as the strategy puts it on

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import types
+from typing import Any
 
 import ansible.errors
 import ansible_mitogen.mixins
@@ -45,7 +46,7 @@ def action(connection: Connection, install: bool = True):
     mixin = type("Mixin", (ansible_mitogen.mixins.ActionModuleMixin,), {})
     if install:
         discovery().install(types.SimpleNamespace(ActionModuleMixin=mixin))
-    act = object.__new__(mixin)
+    act: Any = object.__new__(mixin)
     act._play_context = types.SimpleNamespace(executable=None)
     act._connection = connection
     act._mitogen_discovering_interpreter = True

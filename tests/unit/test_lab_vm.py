@@ -198,8 +198,13 @@ def test_the_accelerator_can_be_forced_and_a_dead_kvm_means_tcg(lab_dir: Path, m
     assert vm.accelerator() == "kvm"
     # A firmware-only verdict of kvm is probed again with the guest's kernel (the firmware ran,
     # the kernel hangs); the kernel's verdict then stands, with or without a kernel.
-    probed = []
-    monkeypatch.setattr(vm, "kvm_works", lambda kernel=None: probed.append(kernel) or False)
+    probed: list[Path | None] = []
+
+    def kvm_works(kernel: Path | None = None) -> bool:
+        probed.append(kernel)
+        return False
+
+    monkeypatch.setattr(vm, "kvm_works", kvm_works)
     assert vm.accelerator() == "kvm" and probed == []
     assert vm.accelerator(kernel=Path("/boot/vmlinuz")) == "tcg" and probed == [Path("/boot/vmlinuz")]
     assert vm.accelerator() == vm.accelerator(kernel=Path("/boot/vmlinuz")) == "tcg" and len(probed) == 1

@@ -21,6 +21,7 @@ ML_ENV = ROOT / "roles" / "thread_env" / "files" / "ml-env"
 def _load():
     loader = SourceFileLoader("ml_env", str(ML_ENV))
     spec = importlib.util.spec_from_loader("ml_env", loader)
+    assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module

@@ -1,6 +1,6 @@
 from provisioner.reboot import REASONS_FACT, decide, is_local
 
-FACTS = {
+FACTS: dict[str, dict[str, list[str]]] = {
     "train-01": {REASONS_FACT: ["hugepages: 1G pages are reserved at boot", "hugepages: 1G pages are reserved at boot"]},
     "train-02": {REASONS_FACT: []},
     "localhost": {REASONS_FACT: ["hugepages: 1G pages are reserved at boot"]},

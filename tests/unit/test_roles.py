@@ -199,7 +199,7 @@ def test_every_apt_task_runs_under_debians_own_python():
     connection Ansible's interpreter is the control node's venv; there the module starts itself
     again under another Python, and that fallback fails under Mitogen ("module '__main__' has no
     attribute '_module_fqn'"): the first `provisioner up` of a machine missing a package failed."""
-    role_vars = {
+    role_vars: dict[str | None, dict] = {  # a playbook's tasks (role None) have none
         role: load(ROOT / "roles" / role / "vars" / "main.yml") or {}
         for role in [*ROLES, "shared"]
         if (ROOT / "roles" / role / "vars" / "main.yml").exists()

@@ -60,9 +60,12 @@ def variants(raws: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         change(raw)
         out[name] = raw
 
+    def result(task: str, value: dict[str, str]) -> Callable[[dict[str, Any]], None]:
+        return lambda r: r["results"].__setitem__(task, value)
+
     for task in sorted({*full["results"], "cluster"}):
-        vary(f"{task}-skipped", full, lambda r, t=task: r["results"].__setitem__(t, {"skipped": f"{t} not installed"}))
-        vary(f"{task}-error", full, lambda r, t=task: r["results"].__setitem__(t, {"error": f"{t} crashed"}))
+        vary(f"{task}-skipped", full, result(task, {"skipped": f"{task} not installed"}))
+        vary(f"{task}-error", full, result(task, {"error": f"{task} crashed"}))
     vary("tuned-as-baseline", full, lambda r: r.update(mode="baseline"))
     vary("baseline-as-tuned", raws["raw-baseline"], lambda r: r.update(mode="tuned"))
     vary("priced", full, lambda r: r.update(cost={"price_per_month": 300.0, "cloud_prices": {"c5.4xlarge": 0.68, "x": 0}}))

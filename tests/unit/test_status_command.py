@@ -10,6 +10,7 @@ import io
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ from provisioner.runs import HostResult, RunResult
 
 runner = CliRunner()
 
-SETTINGS = [
+SETTINGS: list[dict[str, Any]] = [
     {"role": "cpu_tuning", "name": "swappiness", "probe": "sysctl", "expected": "10", "live": "10", "state": "ok", "reason": ""},
     {"role": "cpu_tuning", "name": "tuned profile", "probe": "tuned", "expected": "provisioner", "live": "balanced",
      "state": "drifted", "reason": "profile directory /etc/tuned/provisioner is gone"},
@@ -43,23 +44,30 @@ def run_of(facts: dict, **host_counts) -> RunResult:
     return RunResult("status.yml", False, 0, hosts, facts, [], Path("/x"), 1.5)
 
 
+class FakeEngine:
+    """Called with a result: engine.run_playbook returns it from then on, and the inventory (a
+    real file) comes back; calls holds (playbook, keyword arguments) of each run."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, inventory: Path) -> None:
+        self.monkeypatch = monkeypatch
+        self.inventory = inventory
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, result: RunResult) -> Path:
+        def run_playbook(playbook: str, inv: Path, **kwargs: Any) -> RunResult:
+            self.calls.append((playbook, kwargs))
+            return result
+
+        self.monkeypatch.setattr(engine, "run_playbook", run_playbook)
+        return self.inventory
+
+
 @pytest.fixture
-def fake_engine(monkeypatch, tmp_path):
+def fake_engine(monkeypatch, tmp_path) -> FakeEngine:
     """engine.run_playbook replaced by a given result; the inventory a real file."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all: {hosts: {web1: {}}}\n")
-    calls = []
-
-    def install(result: RunResult):
-        def run_playbook(playbook, inv, **kwargs):
-            calls.append((playbook, kwargs))
-            return result
-
-        monkeypatch.setattr(engine, "run_playbook", run_playbook)
-        return inventory
-
-    install.calls = calls
-    return install
+    return FakeEngine(monkeypatch, inventory)
 
 
 def test_drift_is_exit_1_with_drifted_settings_first(fake_engine):

@@ -384,7 +384,7 @@ def test_textfile_parses_with_prometheus_client(tmp_path, use_client):
     path = report.write_textfile(str(out), report.metric_samples(result, PLAN, 1700000000.0), use_client=use_client)
     assert path == str(out / "provisioner_status.prom") and os.listdir(out) == ["provisioner_status.prom"]
     assert oct(os.stat(path).st_mode & 0o777) == "0o644"
-    samples = {}
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for family in parser.text_string_to_metric_families(Path(path).read_text()):
         for s in family.samples:
             samples.setdefault(s.name, []).append((dict(s.labels), s.value))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import plugin_code
 import pytest
@@ -640,7 +641,7 @@ def test_a_missing_drive_is_a_degraded_member_only_beside_the_roles_degraded_arr
     (root / "sys/block/nvme0n1/holders").mkdir()
     (root / "sys/block/nvme0n1/holders/md127").symlink_to("../../md127")
     gone = "/dev/disk/by-id/nvme-Samsung_S7KGNU0X100002"
-    params = {"devices": ["/dev/disk/by-id/nvme-Samsung_S7KGNU0X100001", gone], "level": "raid1", "backend": "mdadm"}
+    params: dict[str, Any] = {"devices": ["/dev/disk/by-id/nvme-Samsung_S7KGNU0X100001", gone], "level": "raid1", "backend": "mdadm"}
     r = ps.gather(params, root=fake_root, probe=False)
     assert r["refusals"] == [f"storage: {gone} does not exist on this host (see ls -l /dev/disk/by-id)"]
     (root / "dev/md").mkdir()

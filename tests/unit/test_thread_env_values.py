@@ -163,6 +163,7 @@ def _hook():
     import importlib.util as iu
 
     spec = iu.spec_from_file_location("provisioner_threads_under_test", HOOK_DIR / "provisioner_threads.py")
+    assert spec is not None and spec.loader is not None
     module = iu.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -176,6 +176,7 @@ def _packages_undo():
 
     spec = importlib.util.spec_from_file_location(
         "provisioner_packages_undo", Path(__file__).resolve().parents[2] / "roles/shared/files/provisioner_packages_undo.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -281,7 +282,7 @@ def test_packages_undo_without_a_record_does_nothing(tmp_path, capsys):
 
 def test_a_daemon_left_running_by_its_purged_package_is_stopped_not_counted_as_the_users_work():
     apt = Apt([], busy=["polkitd", "prometheus"])
-    stopped = []
+    stopped: list[list[str]] = []
     busy = PKG.busy_users(apt, ["polkitd", "prometheus", "nobody-here"], leftover=lambda pid: True, stopper=stopped.append)
     assert busy == {} and stopped == [["4242"], ["4242"]]
     stopped.clear()

@@ -33,7 +33,7 @@ def run_play(tmp_path: Path, tasks: list[dict], check: bool = False) -> list[dic
 
 
 def test_both_archives_built_as_the_package_builds_them_and_never_changed(tmp_path):
-    tasks = [
+    tasks: list[dict] = [
         {"provisioner_zipapp": {"smoke": True}},
         {"provisioner_zipapp": {"src": str(STATUS)}},
         {"provisioner_zipapp": {"src": str(STATUS)}},
@@ -57,7 +57,7 @@ def test_both_archives_built_as_the_package_builds_them_and_never_changed(tmp_pa
 
 
 def test_bad_options_fail_naming_them(tmp_path):
-    tasks = [
+    tasks: list[dict] = [
         {"provisioner_zipapp": {}, "ignore_errors": True},
         {"provisioner_zipapp": {"src": str(STATUS), "smoke": True}, "ignore_errors": True},
         {"provisioner_zipapp": {"src": str(tmp_path)}, "ignore_errors": True},

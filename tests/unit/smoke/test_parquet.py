@@ -23,8 +23,13 @@ class Runner:
 def test_each_repeat_reads_the_file_raw_and_scans_it_cold(tmp_path, monkeypatch):
     path = tmp_path / "t.parquet"
     path.write_bytes(b"x" * 1000)
-    dropped = []
-    monkeypatch.setattr(parquet, "drop_caches", lambda: dropped.append(1) or "read-only here")
+    dropped: list[int] = []
+
+    def drop_caches() -> str:
+        dropped.append(1)
+        return "read-only here"
+
+    monkeypatch.setattr(parquet, "drop_caches", drop_caches)
     runner = Runner(path)
     out = parquet.drive(runner)
     repeats = parquet.SIZES["quick"]["parquet_repeats"]
