@@ -69,7 +69,15 @@ def sleepers() -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"]) if MARKER in " ".join(p.info["cmdline"] or [])]
 
 
-def interrupt(args: list[str], state: Path, signum: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+class Interrupted(subprocess.CompletedProcess[str]):
+    """The CLI's result and its PID (the processes of its run carry the marker)."""
+
+    def __init__(self, cli: subprocess.Popen[str], stdout: str, stderr: str) -> None:
+        super().__init__(cli.args, cli.returncode, stdout, stderr)
+        self.pid = cli.pid
+
+
+def interrupt(args: list[str], state: Path, signum: int, env: dict[str, str] | None = None) -> Interrupted:
     """Start the CLI in a session of its own, wait until its first task runs, send `signum` to
     its PID alone and wait for it to end; the result's `pid` is the CLI's."""
     cli = subprocess.Popen(
@@ -94,9 +102,7 @@ def interrupt(args: list[str], state: Path, signum: int, env: dict[str, str] | N
         if cli.poll() is None:  # the test failed: leave nothing behind either
             os.killpg(cli.pid, signal.SIGKILL)
             cli.wait()
-    done = subprocess.CompletedProcess(cli.args, cli.returncode, out, err)
-    done.pid = cli.pid  # type: ignore[attr-defined]
-    return done
+    return Interrupted(cli, out, err)
 
 
 def test_sigint_to_the_cli_alone_stops_a_local_run(tmp_path: Path):

@@ -262,7 +262,9 @@ def one_line(r: subprocess.CompletedProcess) -> str:
 
 
 def changed(r: subprocess.CompletedProcess) -> int:
-    return int(re.search(r"changed=(\d+)", r.stdout.rsplit("PLAY RECAP", 1)[-1]).group(1))
+    found = re.search(r"changed=(\d+)", r.stdout.rsplit("PLAY RECAP", 1)[-1])
+    assert found, r.stdout
+    return int(found.group(1))
 
 
 def system_fetch(server: lab.LabServer) -> subprocess.CompletedProcess:

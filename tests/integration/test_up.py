@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -461,7 +462,7 @@ def drift(provisioned):
     repaired whatever happens, for the tests after these."""
     server = provisioned["server"]
     inv = str(server.inventory)
-    out = {"clean": timed_status(server)}
+    out: dict[str, Any] = {"clean": timed_status(server)}
     assert ssh(server, BREAK + f" && printf {shlex.quote(USER_DRIFT)} > {USER_DRIFT_FILE}").returncode == 0, (
         "the three settings were not broken"
     )

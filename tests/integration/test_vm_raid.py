@@ -197,7 +197,10 @@ def test_the_returning_drive_is_re_added_and_the_array_rebuilds_to_clean(server,
     member = ssh(server, f"readlink -f {server.drives[LOST]}").strip().rsplit("/", 1)[-1]
     assert re.search(rf"\b{member}\[\d+\]", mdstat(server)), mdstat(server)
     # Rebuilt: nothing degraded or recovering ("active" while writes are in flight, else "clean").
-    state = re.search(r"State : (.+)", ssh(server, "mdadm --detail /dev/md/data")).group(1).strip()
+    detail = ssh(server, "mdadm --detail /dev/md/data")
+    found = re.search(r"State : (.+)", detail)
+    assert found, detail
+    state = found.group(1).strip()
     assert state in ("clean", "active"), state
     assert ssh(server, "sha256sum /data/probe").split()[0]
 

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import yaml
 
@@ -40,8 +41,16 @@ def ssh(server: lab.LabServer, command: str, timeout: float = 300, check: bool =
     return r.stdout
 
 
+class VmOptions(TypedDict, total=False):
+    """lab.up_vm's options."""
+
+    drives: int
+    drive_size: str
+    boot_timeout: float
+
+
 @contextlib.contextmanager
-def booted(name: str, times: dict[str, float], label: str, **options: object) -> Iterator[lab.LabServer]:
+def booted(name: str, times: dict[str, float], label: str, **options: Unpack[VmOptions]) -> Iterator[lab.LabServer]:
     """A lab VM for the module (lab.up_vm's options), its image built or cached first; TIMES gets
     the image's and the boot's seconds and is printed under LABEL when the VM is taken down."""
     start = time.monotonic()
@@ -81,12 +90,16 @@ def assert_data_array(server: lab.LabServer, level: str, drives: list[str], chun
     members = ssh(server, "for d in " + " ".join(drives) + "; do readlink -f $d; done").split()
     assert all(m in detail for m in members), (members, detail)
     xfs = ssh(server, "xfs_info /data")
-    sunit, swidth = (int(x) for x in re.search(r"sunit=(\d+)\s+swidth=(\d+) blks", xfs).groups())
+    stripe = re.search(r"sunit=(\d+)\s+swidth=(\d+) blks", xfs)
+    assert stripe, xfs
+    sunit, swidth = (int(x) for x in stripe.groups())
     assert (sunit, swidth) == (chunk_kb // 4, data_drives * chunk_kb // 4), xfs
     uuid = ssh(server, "blkid -s UUID -o value /dev/md/data").strip()
     fstab = [line.split() for line in ssh(server, "cat /etc/fstab").splitlines() if "/data" in line]
     assert len(fstab) == 1 and fstab[0][0] == f"UUID={uuid}" and fstab[0][2] == "xfs", fstab
-    md_uuid = re.search(r"UUID : (\S+)", detail).group(1)
+    array_uuid = re.search(r"UUID : (\S+)", detail)
+    assert array_uuid, detail
+    md_uuid = array_uuid.group(1)
     arrays = [line for line in ssh(server, "cat /etc/mdadm/mdadm.conf").splitlines() if line.startswith("ARRAY")]
     assert arrays == [f"ARRAY /dev/md/data metadata=1.2 UUID={md_uuid}"], arrays
     return {"detail": detail, "uuid": uuid, "fstab": fstab[0], "array": arrays[0]}
