@@ -1,5 +1,5 @@
 """Lint, format and type checks of the control-node package; lint and type checks of the collection's
-plugins and of the scripts the roles copy to the targets; lint of the tests (configured in
+plugins, of the scripts the roles copy to the targets and of the tests (configured in
 pyproject.toml: mypy's files name what it checks)."""
 
 from __future__ import annotations
