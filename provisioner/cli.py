@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple, NoReturn
@@ -588,5 +589,18 @@ def serve_load(
     )
 
 
+def blocking_stdio() -> None:
+    """Make stdin, stdout and stderr blocking again. ssh makes the stdio it inherits non-blocking while
+    it runs, and one that was killed leaves the terminal so; ansible then refuses every run
+    ("Ansible requires blocking IO"), though nothing is wrong but that flag."""
+    for fd in (0, 1, 2):
+        try:
+            if not os.get_blocking(fd):
+                os.set_blocking(fd, True)
+        except OSError:  # closed, or not a file
+            pass
+
+
 def main() -> None:
+    blocking_stdio()
     app()

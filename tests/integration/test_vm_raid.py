@@ -95,12 +95,18 @@ def raid1(server):
     ssh(server, "systemctl reboot", check=False, timeout=60)
 
     def rebooted() -> str | None:
-        r = subprocess.run(
-            ["ssh", "-F", str(server.ssh_config), "-o", "ConnectTimeout=10", NAME, "cat /proc/sys/kernel/random/boot_id"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        # While the guest boots, qemu's forwarded port accepts the connection and sshd is not there
+        # to answer: a probe that hangs is "not back yet", not a failure.
+        try:
+            r = subprocess.run(
+                ["ssh", "-F", str(server.ssh_config), "-o", "ConnectTimeout=10", NAME, "cat /proc/sys/kernel/random/boot_id"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return None
         return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() != boot_id else None
 
     wait_for("the VM back after the reboot", rebooted, timeout=900, every=5)

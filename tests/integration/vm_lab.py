@@ -35,7 +35,11 @@ def cli_json(*args: str, timeout: float = 2400) -> tuple[int, dict, list[str], l
 def ssh(server: lab.LabServer, command: str, timeout: float = 300, check: bool = True) -> str:
     """COMMAND's stdout in the VM; with check, a non-zero exit fails the test with its output."""
     r = subprocess.run(
-        ["ssh", "-F", str(server.ssh_config), server.name, command], capture_output=True, text=True, timeout=timeout
+        ["ssh", "-F", str(server.ssh_config), server.name, command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,  # ssh makes its stdin non-blocking: killed at a timeout, it would leave it so
     )
     assert r.returncode == 0 or not check, f"{command}: {r.stdout}{r.stderr}"
     return r.stdout
