@@ -117,3 +117,27 @@ def _blocking_stdio() -> None:
     from provisioner.cli import blocking_stdio
 
     blocking_stdio()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # the xdist worker that ran it (on the controller)
+    _BUSY[node.gateway.id if node is not None else "main"] += report.duration
+    if report.nodeid.startswith("tests/unit/"):
+        unit = "tests/unit (all)"
+    elif "test_molecule.py::test_molecule[" in report.nodeid:
+        unit = "molecule " + report.nodeid.rsplit("[", 1)[-1].rstrip("]")
+    else:  # a test of its own counts with the rest of its file
+        unit = unit_of_work(report.nodeid).split("::", 1)[0].rsplit("/", 1)[-1]
+    _UNITS[unit] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _BUSY:
+        return
+    write = terminalreporter.write_line
+    write("busy seconds per worker: " + ", ".join(f"{w} {s:.0f}" for w, s in sorted(_BUSY.items())))
+    largest = sorted(_UNITS.items(), key=lambda kv: -kv[1])[:15]
+    write("largest units of work (s): " + ", ".join(f"{u} {s:.0f}" for u, s in largest))
+    split = cpu_split(_CPU_AT_START, cpu_times())
+    if split:
+        write(f"CPU over the run ({os.cpu_count()} CPUs): {split}")
