@@ -59,3 +59,8 @@ def write(data: bytes, directory: str | os.PathLike[str], prefix: str, name: str
         Path(tmp).unlink(missing_ok=True)
         raise
     return dest
+
+
+def build_package(package: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Path:
+    """A package directory's zipapp (package_entries) written into DIRECTORY as <name>-<sha12>.pyz."""
+    return write(archive(package_entries(package)), directory, f"{Path(package).name}-")

@@ -87,11 +87,9 @@ class ActionModule(ActionBase):
             path = smoke_zipapp.build(directory)
         else:
             try:
-                entries = zipapp.package_entries(src)
+                path = zipapp.build_package(src, directory)
             except FileNotFoundError as exc:
                 result.update(failed=True, msg=f"provisioner_zipapp: {exc}: src must be a package directory with a __main__.py")
                 return result
-            name = str(src).rstrip("/").rsplit("/", 1)[-1]
-            path = zipapp.write(zipapp.archive(entries), directory, f"{name}-")
         result.update(path=str(path), sha256=hashlib.sha256(path.read_bytes()).hexdigest(), version=provisioner.__version__)
         return result
