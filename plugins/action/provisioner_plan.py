@@ -26,7 +26,7 @@ options:
     description: Parallel trials; null means one per physical core.
     type: int
   plan_allow_oversubscription:
-    description: Allow more trials than physical cores.
+    description: Allow more trials, Polars threads, joblib workers or DataLoader workers than physical cores.
     type: bool
   plan_thp:
     description: Transparent huge pages mode.
@@ -73,6 +73,18 @@ options:
   plan_dataloader_workers:
     description: DataLoader workers of one training job; null derives them from the physical cores.
     type: int
+  plan_polars_threads:
+    description: Polars' thread pool of one job; null is threads_per_job. Above the physical cores only with plan_allow_oversubscription.
+    type: int
+  plan_joblib_workers:
+    description: joblib/loky workers of one job; null is one per physical core. Above the physical cores only with plan_allow_oversubscription.
+    type: int
+  plan_tuned:
+    description:
+      - Plan value -> evidence, written by C(provisioner tune --write).
+      - 'That setting''s reason then starts with "tuned: EVIDENCE; ".'
+      - A name that is no value of the plan is refused.
+    type: dict
   plan_feature_matrix_features:
     description: Features of the largest float32 feature matrix sized for the RAM.
     type: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from provisioner.plan.base import Plan, Setting, _get, check_facts
+from provisioner.plan.base import Plan, PlanError, Setting, _get, check_facts
 from provisioner.plan.memory import plan_feature_matrix, plan_hugepages, plan_reboot, plan_thp
 from provisioner.plan.options import PlanOptions
 from provisioner.plan.ray import plan_ray
@@ -50,4 +50,16 @@ def derive_plan(facts: Mapping[str, Any], options: PlanOptions | None = None) ->
     virt = _get(facts, "virtualization.type", "none")
     if virt not in (None, "none"):
         warnings.append(f"virtualized ({virt}): clocks, NUMA and drives belong to the host; figures may vary")
-    return Plan(settings=settings, storage=storage, warnings=warnings, serving=serving)
+    return Plan(settings=mark_tuned(settings, options), storage=storage, warnings=warnings, serving=serving)
+
+
+def mark_tuned(settings: list[Setting], options: PlanOptions) -> list[Setting]:
+    """The settings plan_tuned names, their reason led by "tuned: EVIDENCE; " (what `provisioner
+    tune --write` measured for the value its plan_<key> option now sets). A name that is no value
+    of the plan is refused, naming the values. See docs/tuning.md, 'Tuned values'."""
+    evidence = options.tuned_evidence
+    keys = [s.key for s in settings]
+    unknown = [key for key in evidence if key not in keys]
+    if unknown:
+        raise PlanError(f"plan_tuned names {', '.join(unknown)}, not a value of the plan; the plan's values: {', '.join(keys)}")
+    return [Setting(s.key, s.value, f"tuned: {evidence[s.key]}; {s.reason}") if s.key in evidence else s for s in settings]

@@ -3,6 +3,7 @@ validated before any host is touched."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -51,6 +52,9 @@ class PlanOptions:
     serving_threads_per_worker: int | None = None
     serving_memory_share: float = SERVING_MEMORY_SHARE
     dataloader_workers: int | None = None
+    polars_threads: int | None = None
+    joblib_workers: int | None = None
+    tuned: tuple[tuple[str, str], ...] = ()
     feature_matrix_features: int = FEATURE_MATRIX_FEATURES
     feature_matrix_rows: int | None = None
     ray_object_store_share: float = RAY_OBJECT_STORE_SHARE
@@ -60,6 +64,13 @@ class PlanOptions:
             raise PlanError(f"plan_trials must be 1 or more (got {self.trials})")
         if self.dataloader_workers is not None and self.dataloader_workers < 0:
             raise PlanError(f"plan_dataloader_workers must be 0 or more (got {self.dataloader_workers})")
+        for name in ("polars_threads", "joblib_workers"):
+            count = getattr(self, name)
+            if count is not None and count < 1:
+                raise PlanError(f"plan_{name} must be 1 or more (got {count})")
+        for key, evidence in self.tuned:
+            if not key or not evidence:
+                raise PlanError(f"plan_tuned must map a plan value to its evidence, neither empty (got {key!r}: {evidence!r})")
         if self.feature_matrix_features < 1:
             raise PlanError(f"plan_feature_matrix_features must be 1 or more (got {self.feature_matrix_features})")
         if self.feature_matrix_rows is not None and self.feature_matrix_rows < 1:
@@ -101,6 +112,11 @@ class PlanOptions:
                 f"plan_ray_object_store_share must be above 0 and at most {MAX_RAY_OBJECT_STORE_SHARE} "
                 f"(got {self.ray_object_store_share})"
             )
+
+    @property
+    def tuned_evidence(self) -> dict[str, str]:
+        """plan_tuned as plan value -> evidence (written by `provisioner tune --write`)."""
+        return dict(self.tuned)
 
     @classmethod
     def known_vars(cls) -> tuple[str, ...]:
@@ -184,6 +200,26 @@ def _as_str_tuple(key: str, value: Any) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
+def _as_tuned(key: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """A mapping plan value -> evidence (a JSON object as a string, as -e may give it), each
+    evidence one line (whitespace runs, line breaks among them, become one space)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise PlanError(
+                f"{key} must be a mapping of plan value to evidence, like {{threads_per_job: '...'}} (got {value!r})"
+            ) from None
+    if not isinstance(value, Mapping):
+        raise PlanError(f"{key} must be a mapping of plan value to evidence, like {{threads_per_job: '...'}} (got {value!r})")
+    out = []
+    for name, evidence in value.items():
+        if not isinstance(name, str) or not isinstance(evidence, str):
+            raise PlanError(f"{key} must map plan value names to evidence strings (got {name!r}: {evidence!r})")
+        out.append((name.strip(), " ".join(evidence.split())))
+    return tuple(out)
+
+
 _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "trials": _as_int,
     "allow_oversubscription": _as_bool,
@@ -200,6 +236,9 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "serving_threads_per_worker": _as_int,
     "serving_memory_share": _as_float,
     "dataloader_workers": _as_int,
+    "polars_threads": _as_int,
+    "joblib_workers": _as_int,
+    "tuned": _as_tuned,
     "feature_matrix_features": _as_int,
     "feature_matrix_rows": _as_int,
     "ray_object_store_share": _as_float,

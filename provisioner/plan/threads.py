@@ -44,17 +44,7 @@ def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
         trials_reason = f"{trials}: one trial per physical core (default; set plan_trials to change)"
     else:
         trials = options.trials
-        if trials > cores and not options.allow_oversubscription:
-            raise PlanError(
-                f"plan_trials={trials} is more than the {cores} physical cores; oversubscription "
-                "collapses throughput: lower plan_trials or set plan_allow_oversubscription: true"
-            )
-        trials_reason = f"{trials}: plan_trials"
-        if trials > cores:
-            trials_reason += f", above {cores} physical cores (plan_allow_oversubscription: true)"
-            warnings.append(
-                f"{trials} parallel trials on {cores} physical cores: oversubscribed by choice (plan_allow_oversubscription)"
-            )
+        trials_reason = _chosen("plan_trials", trials, cores, options, warnings, "parallel trials")
     per_trial = max(1, cores // trials)
     per_trial_reason = (
         f"{per_trial}: {cores} cores // {trials} trials; each trial is a process whose threads "
@@ -71,26 +61,65 @@ def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     ]
 
 
+def _chosen(option: str, value: int, cores: int, options: PlanOptions, warnings: list[str], what: str) -> str:
+    """The start of the reason for a count an option set ("4: plan_trials"). Above the physical
+    cores it is refused, naming the value and the fix, unless plan_allow_oversubscription keeps
+    it with a warning. See docs/tuning.md, 'Threads'."""
+    if value <= cores:
+        return f"{value}: {option}"
+    if not options.allow_oversubscription:
+        raise PlanError(
+            f"{option}={value} is more than the {cores} physical cores; oversubscription "
+            f"collapses throughput: lower {option} or set plan_allow_oversubscription: true"
+        )
+    warnings.append(f"{value} {what} on {cores} physical cores: oversubscribed by choice (plan_allow_oversubscription)")
+    return f"{value}: {option}, above {cores} physical cores (plan_allow_oversubscription: true)"
+
+
 def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
     """The thread pools of the other runtimes for one job: Polars, Arrow, TensorFlow, PyTorch's
     inter-op pool, joblib/loky.  See docs/tuning.md, 'Threads' ('Other runtimes').
 
     Each of them sizes its pool from the logical CPUs when nothing says otherwise (SMT counted),
     and each process of N parallel ones does so again: the counts here are for one job, and
-    ml-env --trials N gives each trial the same share of every one as of the cores."""
+    ml-env --trials N gives each trial the same share of every one as of the cores. Polars' pool
+    and joblib's workers are threads_per_job unless plan_polars_threads or plan_joblib_workers
+    set them (what `provisioner tune --write` measured); above the physical cores only with
+    plan_allow_oversubscription."""
     cores = _need(facts, "cpu.cores")
     sockets = _get(facts, "cpu.sockets", 1)
     if not isinstance(sockets, int) or sockets < 1:
         sockets = 1
     inter = min(sockets, cores)
     per_socket = "one per socket" if sockets > 1 else "one socket"
-    return [
-        Setting(
-            "polars_threads",
-            cores,
+    if options.polars_threads is None:
+        polars = cores
+        polars_reason = (
             f"{cores}: POLARS_MAX_THREADS = threads_per_job; Polars sizes its pool once, at first use, "
-            "from the logical CPUs otherwise (Polars docs)",
-        ),
+            "from the logical CPUs otherwise (Polars docs)"
+        )
+    else:
+        polars = options.polars_threads
+        polars_reason = (
+            _chosen("plan_polars_threads", polars, cores, options, warnings, "Polars threads")
+            + f"; POLARS_MAX_THREADS, Polars' pool of one job instead of threads_per_job ({cores}); Polars sizes "
+            "its pool once, at first use (Polars docs)"
+        )
+    if options.joblib_workers is None:
+        joblib = cores
+        joblib_reason = (
+            f"{cores}: LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts one worker per "
+            "physical core, not per logical CPU (loky cpu_count; scikit-learn parallelism docs)"
+        )
+    else:
+        joblib = options.joblib_workers
+        joblib_reason = (
+            _chosen("plan_joblib_workers", joblib, cores, options, warnings, "joblib workers")
+            + f"; LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts {joblib} worker(s) instead of "
+            f"one per physical core ({cores}) (loky cpu_count; scikit-learn parallelism docs)"
+        )
+    return [
+        Setting("polars_threads", polars, polars_reason),
         Setting(
             "arrow_cpu_threads",
             cores,
@@ -122,12 +151,7 @@ def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warning
             "process as PROVISIONER_TORCH_INTEROP_THREADS for torch.set_num_interop_threads(), called "
             "before any parallel work (PyTorch CPU threading docs)",
         ),
-        Setting(
-            "joblib_workers",
-            cores,
-            f"{cores}: LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts one worker per "
-            "physical core, not per logical CPU (loky cpu_count; scikit-learn parallelism docs)",
-        ),
+        Setting("joblib_workers", joblib, joblib_reason),
     ]
 
 

@@ -196,3 +196,113 @@ def test_options_from_strings():
         {"plan_dataloader_workers": "3", "plan_feature_matrix_features": "50", "plan_feature_matrix_rows": "1000"}
     )
     assert (options.dataloader_workers, options.feature_matrix_features, options.feature_matrix_rows) == (3, 50, 1000)
+
+
+# --------------------------------------------------------------------------
+# Polars' pool and joblib's workers set by option, and the evidence of tuned values
+# --------------------------------------------------------------------------
+
+COUNT_OPTIONS = {"polars_threads": "POLARS_MAX_THREADS", "joblib_workers": "LOKY_MAX_CPU_COUNT"}
+
+
+@pytest.mark.parametrize("key", COUNT_OPTIONS)
+def test_an_own_count_set_by_its_option_says_so(key):
+    before = derive_plan(load("epyc_4545p")).to_dict()["values"]
+    plan = derive_plan(load("epyc_4545p"), PlanOptions.from_vars({f"plan_{key}": "1"}))
+    assert plan.value(key) == 1
+    reason = plan.reason(key)
+    assert reason.startswith(f"1: plan_{key}; ") and COUNT_OPTIONS[key] in reason and "\n" not in reason
+    # Nothing else moves: the thread count and the other runtimes' pools stay the rule's.
+    assert {k: v for k, v in plan.to_dict()["values"].items() if k != key} == {k: v for k, v in before.items() if k != key}
+    assert plan.warnings == derive_plan(load("epyc_4545p")).warnings
+
+
+@pytest.mark.parametrize("key", COUNT_OPTIONS)
+def test_an_own_count_of_all_the_cores_is_kept(key):
+    plan = derive_plan(load("laptop_4c"), PlanOptions.from_vars({f"plan_{key}": 4}))
+    assert plan.value(key) == 4 and plan.reason(key).startswith(f"4: plan_{key}; ")
+
+
+@pytest.mark.parametrize("key", COUNT_OPTIONS)
+@pytest.mark.parametrize("value", [5, 8, 64])
+def test_an_own_count_above_the_cores_is_refused_naming_value_and_fix(key, value):
+    with pytest.raises(PlanError) as err:
+        derive_plan(load("laptop_4c"), PlanOptions.from_vars({f"plan_{key}": value}))
+    message = str(err.value)
+    assert message.startswith(f"plan_{key}={value} is more than the 4 physical cores")
+    assert f"lower plan_{key} or set plan_allow_oversubscription: true" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("key", COUNT_OPTIONS)
+def test_an_own_count_above_the_cores_when_allowed_warns(key):
+    plan = derive_plan(load("laptop_4c"), PlanOptions.from_vars({f"plan_{key}": 6, "plan_allow_oversubscription": True}))
+    assert plan.value(key) == 6
+    assert plan.reason(key).startswith(f"6: plan_{key}, above 4 physical cores (plan_allow_oversubscription: true); ")
+    assert [w for w in plan.warnings if "oversubscribed" in w] == [
+        f"6 {'Polars threads' if key == 'polars_threads' else 'joblib workers'} on 4 physical cores: "
+        "oversubscribed by choice (plan_allow_oversubscription)"
+    ]
+
+
+@pytest.mark.parametrize("key", COUNT_OPTIONS)
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [(0, "must be 1 or more"), ("-2", "must be 1 or more"), ("four", "must be a whole number"), (True, "must be a whole number")],
+)
+def test_an_own_count_below_one_or_not_a_number_is_refused(key, value, match):
+    with pytest.raises(PlanError, match=f"plan_{key} {match}"):
+        PlanOptions.from_vars({f"plan_{key}": value})
+
+
+def test_null_own_counts_are_the_rule():
+    options = PlanOptions.from_vars({"plan_polars_threads": None, "plan_joblib_workers": "", "plan_tuned": {}})
+    assert options == PlanOptions()
+    assert derive_plan(load("xeon_2s"), options).to_dict() == derive_plan(load("xeon_2s")).to_dict()
+
+
+def test_tuned_values_lead_their_reason_with_the_evidence():
+    variables = {
+        "plan_polars_threads": 4,
+        "plan_tuned": {"polars_threads": "1.21x over 11 pairs (features)", "threads_per_job": "no gain\n  from SMT"},
+    }
+    plan = derive_plan(load("epyc_4545p"), PlanOptions.from_vars(variables))
+    assert plan.reason("polars_threads").startswith("tuned: 1.21x over 11 pairs (features); 4: plan_polars_threads; ")
+    # A value not set by its option is marked all the same (tune writes both); one line.
+    plain = derive_plan(load("epyc_4545p"))
+    assert plan.reason("threads_per_job") == f"tuned: no gain from SMT; {plain.reason('threads_per_job')}"
+    assert plan.value("threads_per_job") == plain.value("threads_per_job")
+    untouched = [k for k in plain.to_dict()["values"] if k not in ("polars_threads", "threads_per_job")]
+    assert all(plan.reason(k) == plain.reason(k) for k in untouched)
+
+
+def test_tuned_evidence_reaches_the_plan_dict_and_a_json_string_is_read():
+    options = PlanOptions.from_vars({"plan_tuned": '{"joblib_workers": "1.1x"}'})
+    assert options.tuned_evidence == {"joblib_workers": "1.1x"}
+    settings = {s["key"]: s for s in derive_plan(load("vm_2vcpu"), options).to_dict()["settings"]}
+    assert settings["joblib_workers"]["reason"].startswith("tuned: 1.1x; 2: LOKY_MAX_CPU_COUNT")
+
+
+def test_a_tuned_name_that_is_no_plan_value_is_refused_naming_the_values():
+    with pytest.raises(PlanError) as err:
+        derive_plan(load("laptop_4c"), PlanOptions.from_vars({"plan_tuned": {"polar_threads": "1.2x", "polars_threads": "1.2x"}}))
+    message = str(err.value)
+    assert message.startswith("plan_tuned names polar_threads, not a value of the plan")
+    for key in derive_plan(load("laptop_4c")).to_dict()["values"]:
+        assert key in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (["polars_threads"], "plan_tuned must be a mapping"),
+        ("polars_threads=1.2x", "plan_tuned must be a mapping"),
+        ({"polars_threads": 1.2}, "evidence strings"),
+        ({"polars_threads": "  "}, "neither empty"),
+        ({"": "1.2x"}, "neither empty"),
+    ],
+)
+def test_bad_tuned_evidence_is_refused(value, match):
+    with pytest.raises(PlanError, match=match):
+        PlanOptions.from_vars({"plan_tuned": value})
