@@ -400,6 +400,52 @@ def smoke(
 
 
 @app.command()
+@_on_hosts
+def tune(
+    *,
+    hosts: Hosts,
+    workloads: Annotated[
+        str | None,
+        typer.Option("--workloads", help="Comma-separated workloads to tune (default: every one with a tune objective)."),
+    ] = None,
+    knobs: Annotated[
+        str | None, typer.Option("--knobs", help="Comma-separated knobs to search (default: every knob of those workloads).")
+    ] = None,
+    budget: Annotated[str, typer.Option("--budget", help="Wall-clock time the search may take per host: 10m, 90s, 1h.")] = "10m",
+    write: Annotated[
+        bool,
+        typer.Option("--write", help="Put the kept values into the inventory (host_vars/HOST.yml) as the plan's overrides."),
+    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Measure even when the host is busy.")] = False,
+    json: Json = False,
+    ssh: Ssh,
+) -> None:
+    """Measure this box's best values of the plan's knobs on the team's workloads, and write them back.
+
+    Every candidate is measured in interleaved pairs against the plan's rule as the ML user runs
+    it; a value is kept only when it beats the rule by more than the noise. Hosts with the same
+    hardware are measured once. Without --write nothing changes but the studies kept on the host.
+    """
+    _finish(
+        "tune",
+        json,
+        lambda on_progress: commands.tune(
+            hosts.inventory,
+            workloads=_split([workloads] if workloads else None),
+            knobs=_split([knobs] if knobs else None),
+            budget=budget,
+            write=write,
+            force=force,
+            on_progress=on_progress,
+            **_reach(hosts, ssh),
+        ),
+        render.tune,
+        progress=True,
+        ssh=ssh,
+    )
+
+
+@app.command()
 def bundle(
     dest: Annotated[Path | None, typer.Argument(help="Wheelhouse directory (default: /var/cache/provisioner/wheelhouse)")] = None,
     component: Annotated[

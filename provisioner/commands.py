@@ -617,3 +617,96 @@ def lab_list() -> Result[list[Any]]:
     from . import lab
 
     return Result("lab list", lab.list_servers())
+
+
+# ---------------------------------------------------------------- tune
+
+
+@dataclass
+class TuneOutcome:
+    """provisioner tune: the proposal (one row per host and knob), the hardware classes, the files written."""
+
+    run: RunResult | None
+    rows: list[Any]
+    classes: dict[str, list[str]]
+    written: list[Path]
+    results: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {
+            "rows": [{**asdict(r), "kept": r.kept} for r in self.rows],
+            "classes": self.classes,
+            "written": [str(p) for p in self.written],
+            "results": self.results,
+        }
+
+
+def tune(
+    inventory: Path | None,
+    *,
+    workloads: Sequence[str] = (),
+    knobs: Sequence[str] = (),
+    budget: str = "10m",
+    write: bool = False,
+    force: bool = False,
+    limit: str | None = None,
+    accept_new_host_keys: bool = False,
+    on_progress: ProgressCallback | None = None,
+) -> Result[TuneOutcome]:
+    """Measure each knob's candidates against the plan's rule on one host per hardware class
+    (playbooks/tune.yml), print the proposal and, with `write`, put the kept values into the
+    inventory as the plan's overrides (provisioner.tune.proposal)."""
+    from .tune import proposal
+
+    chosen = proposal.check_workloads(workloads)
+    wanted = proposal.check_knobs(knobs, chosen)
+    seconds = proposal.parse_budget(budget)
+    inv = engine.resolve_inventory(inventory)
+    engine.check_limit(inv, limit)
+    reached = engine.fleet_hosts(inv, limit)
+    if write:
+        proposal.check_writable(inv, reached)
+    found = read_fact("tune", HARDWARE_FACT, inv, limit=limit, accept_new_host_keys=accept_new_host_keys)
+    hardware = found.value.by_host()
+    if found.exit_code != ExitCode.OK:
+        return Result("tune", TuneOutcome(found.value.run, [], {}, [], {}), found.exit_code, errors=found.errors)
+    groups = proposal.classes(hardware)
+    measured = [members[0] for members in groups.values()]
+    run = engine.run_playbook(
+        "tune.yml",
+        inv,
+        limit=",".join(measured),
+        extravars={"tune_workloads": chosen, "tune_knobs": wanted, "tune_budget_s": seconds, "tune_force": force},
+        accept_new_host_keys=accept_new_host_keys,
+        on_progress=on_progress,
+    )
+    results = {h: f["tune_result"] for h, f in run.facts.items() if f.get("tune_result")}
+    rows: list[Any] = []
+    written: list[Path] = []
+    messages: list[str] = []
+    for members in groups.values():
+        result = results.get(members[0])
+        if result is None:
+            continue
+        if result.get("refused"):
+            messages.append(f"{members[0]}: {result['refused']}")
+            continue
+        for host in members:
+            mine = proposal.rows(host, result, measured_on=members[0])
+            rows += mine
+            if write:
+                path = proposal.write(inv, host, [r for r in mine if r.kept])
+                if path:
+                    written.append(path)
+        if len(members) > 1:
+            messages.append(f"{', '.join(members[1:])}: same hardware as {members[0]}, which was measured for them")
+    if write and written:
+        messages.append(f"written: {', '.join(map(str, written))}; apply with: provisioner up")
+    elif rows and not write:
+        messages.append("nothing written: rerun with --write to put the kept values into the inventory")
+    # A host refused as busy measured nothing: the run did not do what was asked.
+    refused = any(r.get("refused") for r in results.values())
+    code = run.exit_code if run.exit_code != ExitCode.OK else (ExitCode.HOST_FAILED if refused else ExitCode.OK)
+    return Result("tune", TuneOutcome(run, rows, groups, written, results), code, tuple(messages), tuple(run.errors))

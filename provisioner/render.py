@@ -544,3 +544,27 @@ def smoke(reports: list[Any]) -> None:
                 style=_SMOKE_STYLE.get(r.status, ""),
             )
         )
+
+
+def tune(outcome: Any) -> None:
+    """The proposal: per host and knob, the rule's value, the tuned one, the gain with its spread."""
+    if outcome.run is not None and outcome.run.exit_code != 0:
+        run_summary(outcome.run)
+    if not outcome.rows:
+        return
+    table = Table(title="tune: the plan's rule against the measured candidates", show_lines=False)
+    for name in ("host", "workload", "knob", "rule", "tuned", "gain", "spread", "pairs", "why"):
+        table.add_column(name)
+    for r in outcome.rows:
+        table.add_row(
+            r.host,
+            r.workload,
+            r.knob,
+            "" if r.rule is None else str(r.rule),
+            str(r.tuned) if r.kept else "(rule stays)",
+            f"{r.gain:.2f}x" if r.kept else "",
+            f"{r.spread:.0%}" if r.kept and r.spread is not None else "",
+            str(r.pairs) if r.kept else "",
+            "kept" if r.kept else r.reason,
+        )
+    console.print(table)

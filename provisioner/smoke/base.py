@@ -6,6 +6,7 @@ the workloads, the registry, the judgement, the history); this one imports none 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -97,6 +98,16 @@ class HostReport:
             workloads=d.get("workloads", {}),
             curves=d.get("curves", {}),
         )
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What `provisioner tune` optimises on a workload: one figure of the result its worker returns
+    when run with tune=True (the same code as the smoke test, the part the knobs move only)."""
+
+    unit: str
+    higher_is_better: bool
+    figure: Callable[[dict[str, Any]], float]
 
 
 def number(value: float | None) -> str:

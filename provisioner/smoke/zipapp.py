@@ -8,8 +8,9 @@ the same archive with the ML environment's Python for each worker. It holds:
   re-run by multiprocessing's spawn children, so nothing else may live there;
 - provisioner/__init__.py as it is (the version), and a docstring-only provisioner/smoke/__init__.py
   instead of the real one, which pulls in the judgement, the store and the report's helpers;
-- provisioner/smoke/base.py, hardware.py, workloads/*.py and target/*.py: the standard library
-  at their top, nothing else (tests/unit/test_smoke_zipapp.py holds them to it).
+- provisioner/smoke/base.py, hardware.py, workloads/*.py and target/*.py, and provisioner/tune/*.py
+  (the host half of `provisioner tune`): the standard library at their top, nothing else
+  (tests/unit/test_smoke_zipapp.py holds them to it).
 
 Reproducible as every zipapp provisioner ships (provisioner.zipapp): the same sources give the
 same bytes, named by their sha256.
@@ -33,6 +34,8 @@ SMOKE_STUB = (
     'the control node\'s judgement is not shipped."""\n'
 )
 PREFIX = "provisioner_smoke-"
+# The host half of `provisioner tune` (the control node's write-back and proposal are not shipped).
+HOST_TUNE = ("__init__.py", "driver.py", "knobs.py", "pairs.py")
 
 
 def sources(package: Path = PACKAGE) -> dict[str, bytes]:
@@ -40,6 +43,7 @@ def sources(package: Path = PACKAGE) -> dict[str, bytes]:
     smoke = package / "smoke"
     files = [package / "__init__.py", smoke / "base.py", smoke / "hardware.py"]
     files += sorted((smoke / "workloads").glob("*.py")) + sorted((smoke / "target").glob("*.py"))
+    files += [package / "tune" / f for f in HOST_TUNE]
     entries = {f"provisioner/{p.relative_to(package).as_posix()}": p.read_bytes() for p in files}
     entries["provisioner/smoke/__init__.py"] = SMOKE_STUB.encode()
     entries["__main__.py"] = MAIN.encode()

@@ -123,15 +123,39 @@ def compare(
 ) -> Verdict:
     """Measure pairs in alternating order until the rule decides: dropped from MIN_PAIRS on once the gain
     cannot reach MARGIN, else MAX_PAIRS pairs and the verdict on all of them."""
-    ratios: list[float] = []
-    while len(ratios) < MAX_PAIRS:
-        if len(ratios) % 2 == 0:
+    verdict, _ = compare_within(measure_rule, measure_candidate, higher_is_better, margin)
+    if verdict is None:
+        raise ValueError("no pairs measured")
+    return verdict
+
+
+def decided(ratios: Sequence[float], margin: float = MARGIN) -> bool:
+    """Whether these pairs decide: MAX_PAIRS of them, or from MIN_PAIRS on a gain that cannot reach MARGIN."""
+    return len(ratios) >= MAX_PAIRS or (len(ratios) >= MIN_PAIRS and _cannot_reach(ratios, margin))
+
+
+def compare_within(
+    measure_rule: Callable[[], float],
+    measure_candidate: Callable[[], float],
+    higher_is_better: bool = True,
+    margin: float = MARGIN,
+    *,
+    ratios: Sequence[float] = (),
+    on_pair: Callable[[list[float]], None] | None = None,
+    go_on: Callable[[], bool] | None = None,
+) -> tuple[Verdict | None, bool]:
+    """`compare`, resumed from the RATIOS an earlier run measured, calling ON_PAIR with all of them after
+    each pair, and beginning a pair only while GO_ON() says there is time: (the verdict on the pairs
+    measured, None for none; whether they decide)."""
+    got = list(ratios)
+    while not decided(got, margin) and (go_on is None or go_on()):
+        if len(got) % 2 == 0:
             rule = measure_rule()
             candidate = measure_candidate()
         else:
             candidate = measure_candidate()
             rule = measure_rule()
-        ratios.append(ratio(rule, candidate, higher_is_better))
-        if len(ratios) >= MIN_PAIRS and _cannot_reach(ratios, margin):
-            break
-    return judge(ratios, margin)
+        got.append(ratio(rule, candidate, higher_is_better))
+        if on_pair is not None:
+            on_pair(got)
+    return (judge(got, margin) if got else None), decided(got, margin)

@@ -78,7 +78,9 @@ class Runner:
         self.plan: dict[str, Any] = {}
         self.cpu: dict[str, Any] = {}
 
-    def worker(self, task: str, **extra: Any) -> dict[str, Any]:
+    def worker(self, task: str, env: dict[str, str | None] | None = None, **extra: Any) -> dict[str, Any]:
+        """One workload in its own process; ENV (variable -> value, None: unset) on top of what the
+        ML user's login shell gives it (tune's candidates)."""
         params = {
             "task": task,
             "profile": self.args.profile,
@@ -90,6 +92,9 @@ class Runner:
             **extra,
         }
         cmd = [self.args.python, self.script, "worker", json.dumps(params)]
+        if env:
+            unset = [a for name, value in sorted(env.items()) if value is None for a in ("-u", name)]
+            cmd = ["env", *unset, *(f"{name}={value}" for name, value in sorted(env.items()) if value is not None), *cmd]
         if self.args.mode == "tuned":
             argv = ["runuser", "-l", self.args.user, "-c", shlex.join(cmd)]
         else:
@@ -241,6 +246,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 SERVING_CONFIG = "/etc/provisioner/serving/serving.json"
 
 
+def tune(args: argparse.Namespace) -> dict[str, Any]:
+    """provisioner.tune.driver on this host: the workers as for a tuned smoke run at the quick size."""
+    from ..tune import driver  # imports Optuna where the study opens: the ML environment's Python runs this
+
+    signal.signal(signal.SIGTERM, _terminated)
+    args.mode, args.profile = "tuned", "quick"
+    try:
+        with open(args.plan, encoding="utf-8") as f:
+            plan = json.load(f).get("values", {})
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"no plan at {args.plan} ({exc}): run provisioner up first") from None
+    spec = json.loads(args.spec)
+    cpu = cpu_info()
+    workdir = tempfile.mkdtemp(prefix="provisioner-tune-", dir="/var/tmp")
+    try:
+        os.chmod(workdir, 0o755)
+        script = os.path.join(workdir, ARCHIVE)
+        worker_archive(script)
+        pw = pwd.getpwnam(args.user)
+        os.chown(workdir, pw.pw_uid, pw.pw_gid)
+        runner = Runner(args, script, workdir, int(plan.get("threads_per_job") or cpu["physical_cores"]), 1)
+        runner.plan, runner.cpu = plan, cpu
+        out = driver.run(runner, spec, ledger=driver.Ledger(args.state_dir or driver.STATE_DIR), busy=cpu_busy)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"host": socket.gethostname(), **out}
+
+
 # ---------------------------------------------------------------- a worker (inside the ML environment)
 
 
@@ -285,6 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         default=SERVING_CONFIG,
         help="a deployed model server's config; its endpoint is measured when worker 0 is ready",
     )
+    t = sub.add_parser(
+        "tune", help="measure the knobs' candidates against the plan's rule (as root, the ML environment's Python)"
+    )
+    t.add_argument("--python", required=True, help="the ML environment's python")
+    t.add_argument("--user", required=True, help="run the workloads as this user in a login shell")
+    t.add_argument("--plan", default=PLAN_FILE)
+    t.add_argument("--spec", required=True, help="JSON: workloads, knobs (null: all), budget_s, force, allow_oversubscription")
+    t.add_argument("--state-dir", default=None, help="where the Optuna studies are kept (default /var/lib/provisioner/tune)")
     w = sub.add_parser("worker", help="one workload inside the ML environment (internal)")
     w.add_argument("params")
     args = parser.parse_args(argv)
@@ -294,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         worker(json.loads(args.params))
         # A normal exit, never os._exit: the interpreter's teardown is where joblib's loky stops its
         # worker processes, which otherwise hold this worker's stdout open for their idle timeout.
+        return 0
+    if args.cmd == "tune":
+        print(json.dumps(tune(args)))
         return 0
     if args.mode == "tuned" and not args.user:
         parser.error("tuned mode needs --user")

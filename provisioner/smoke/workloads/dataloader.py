@@ -13,12 +13,15 @@ import os
 import time
 from typing import Any
 
-from ..base import FAIL, INFO, PASS, WARN, Check, _problem, against_limit
+from ..base import FAIL, INFO, PASS, WARN, Check, Objective, _problem, against_limit
 from ..target.ml import _missing, _planned
 
 NAME = "dataloader"
 # The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
 KNOBS: tuple[str, ...] = ("dataloader_workers", "dataloader_threads")
+# What `provisioner tune` optimises: samples/s of the training fed by the environment's DataLoader
+# workers (the in-memory and num_workers=0 references are not run).
+TUNE = Objective("samples/s", True, lambda r: float(r["planned"]["samples_per_s"]))
 
 
 # ---------------------------------------------------------------- target, ML environment
@@ -167,6 +170,9 @@ def w_dataloader(p: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(threads)
     in_memory = list(loader(0)())
     train(lambda: in_memory[:20], 1)  # warm: torch's first steps allocate what every later step reuses
+    if p.get("tune"):
+        planned = train(loader(workers), s["loader_epochs"])
+        return {"workers": workers, "workers_how": whow, "threads": threads or torch.get_num_threads(), "planned": planned}
     limit = train(lambda: in_memory, s["loader_epochs"])
     planned = train(loader(workers), s["loader_epochs"])
     # num_workers=0 as a script without the split writes it: torch's own default threads again.

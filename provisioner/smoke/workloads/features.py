@@ -12,12 +12,14 @@ import os
 import time
 from typing import Any
 
-from ..base import FAIL, INFO, Check, _problem, against_limit, span
+from ..base import FAIL, INFO, Check, Objective, _problem, against_limit, span
 from ..target.ml import _env_default, _missing, median
 
 NAME = "features"
 # The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
 KNOBS: tuple[str, ...] = ("polars_threads", "arrow_cpu_threads", "allocator")
+# What `provisioner tune` optimises: the Polars pipeline's rows/s with the login shell's threads (no pandas run).
+TUNE = Objective("rows/s", True, lambda r: float(r["polars"]["rows_per_s"]))
 
 
 # ---------------------------------------------------------------- target, ML environment
@@ -105,7 +107,7 @@ def w_features(p: dict[str, Any]) -> dict[str, Any]:
             "checksum": got[1],
         },
     }
-    if p.get("pandas", True):
+    if p.get("pandas", True) and not p.get("tune"):
         import pandas as pd
 
         pdf, pdim = pd.DataFrame(cols), pd.DataFrame(dim_cols)

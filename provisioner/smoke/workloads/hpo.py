@@ -228,7 +228,7 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
             "trials": len(done),
             "trials_expected": procs * per_proc,
             "processes_seen": len({t.user_attrs.get("pid") for t in done}),
-            "best_loss": min((t.value for t in done), default=None),
+            "best_loss": min((t.value for t in done if t.value is not None), default=None),
             "journal_bytes": os.path.getsize(path),
             "trials_per_min": len(done) / secs * 60,
         }

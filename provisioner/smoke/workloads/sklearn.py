@@ -15,12 +15,15 @@ import os
 import time
 from typing import Any
 
-from ..base import FAIL, INFO, PASS, SKIP, Check, _problem, against_limit, span
+from ..base import FAIL, INFO, PASS, SKIP, Check, Objective, _problem, against_limit, span
 from ..target.ml import _data, _missing, _planned, median
 
 NAME = "sklearn"
 # The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
 KNOBS: tuple[str, ...] = ("joblib_workers", "threads_per_job")
+# What `provisioner tune` optimises: GridSearchCV candidates/min as a user's plain n_jobs=-1 runs it
+# (loky's cpu_count(), which the environment's LOKY_MAX_CPU_COUNT caps); no forest, no sequential run.
+TUNE = Objective("candidates/min", True, lambda r: float(r["grid"]["parallel_per_min"]))
 
 
 # ---------------------------------------------------------------- target, ML environment
@@ -87,7 +90,7 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
 
     forest: dict[str, Any] = {}
     # All cores as a user asks for them (n_jobs=-1: loky's cpu_count(), which LOKY_MAX_CPU_COUNT caps).
-    for label, jobs in (("all", -1 if tuned else None), ("one", 1)):
+    for label, jobs in () if p.get("tune") else (("all", -1 if tuned else None), ("one", 1)):
         times = []
         for _ in range(2):
             model = RandomForestClassifier(n_estimators=s["sklearn_trees"], max_depth=12, n_jobs=jobs, random_state=0)
@@ -101,7 +104,12 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
         }
     out["forest"] = forest
 
-    workers, how = _planned(p, "joblib_workers", cores, "the physical cores")
+    if p.get("tune"):
+        from joblib import cpu_count
+
+        workers, how = cpu_count(), "n_jobs=-1: loky's cpu_count() under the environment's LOKY_MAX_CPU_COUNT"
+    else:
+        workers, how = _planned(p, "joblib_workers", cores, "the physical cores")
     gx, gy = _data(s["sklearn_grid_rows"], 64, seed=22)
     grid: dict[str, list[Any]] = {"hidden_layer_sizes": [(64,), (128,)], "alpha": [1e-4, 1e-2]}
     fits = len(grid["hidden_layer_sizes"]) * len(grid["alpha"]) * s["sklearn_folds"]
@@ -130,7 +138,7 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
         with open(f, encoding="utf-8") as fh:
             seen.append(json.load(fh))
         os.remove(f)
-    seq_s = search(1)
+    seq_s = float("nan") if p.get("tune") else search(1)
     candidates = fits // s["sklearn_folds"]
     out["grid"] = {
         "estimator": f"MLPClassifier(max_iter={s['sklearn_grid_iter']})",

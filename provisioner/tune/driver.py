@@ -1,0 +1,223 @@
+"""The host half of `provisioner tune`: measure each knob's candidates against the plan's rule.
+
+Runs on the host from the smoke zipapp (`tune` subcommand), as root, with the ML environment's
+Python: Optuna (component hpo) keeps the study in /var/lib/provisioner/tune/studies.db, so an
+interrupted run resumes where it stopped, its measured pairs kept. Each measurement is one run of
+the workload's worker at the quick size with tune=True, as the ML user in a login shell, the
+knob's variables set on top of what the shell gives (provisioner.tune.knobs): the user's path.
+
+Per workload, knob after knob (the order its KNOBS give): every candidate is measured in pairs
+against the rule (provisioner.tune.pairs), and the kept candidate with the highest gain becomes
+the value both sides run with for the knobs after it. The budget is wall-clock: a pair is begun
+only when the time it took so far still fits; a candidate the budget cut short is undecided, never
+kept, and resumes at the next run. Standard library at the top: Optuna is imported where the
+study is opened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import knobs as knob_table
+from . import pairs
+
+STATE_DIR = "/var/lib/provisioner/tune"
+STUDIES = "studies.db"
+BUSY_SHARE = 0.25  # the share of the CPUs busy before the run above which the host is refused
+
+
+class Ledger:
+    """The Optuna studies: one per (workload, knob, context), one trial per candidate, its pairs'
+    ratios in the trial's user attributes as they are measured."""
+
+    def __init__(self, state_dir: str):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        self.optuna = optuna
+        self.storage = f"sqlite:///{os.path.join(state_dir, STUDIES)}"
+
+    def study(self, name: str) -> Any:
+        return self.optuna.create_study(study_name=name, storage=self.storage, load_if_exists=True, direction="maximize")
+
+    def earlier(self, study: Any, label: str) -> tuple[dict[str, Any] | None, list[float]]:
+        """A finished verdict on LABEL from an earlier run, else the most pairs an unfinished one measured."""
+        state = self.optuna.trial.TrialState
+        done: dict[str, Any] | None = None
+        partial: list[float] = []
+        for t in study.get_trials(deepcopy=False):
+            if t.params.get("value") != label:
+                continue
+            if t.state == state.COMPLETE:
+                done = dict(t.user_attrs)
+            elif len(t.user_attrs.get("ratios", [])) > len(partial):
+                partial = list(t.user_attrs["ratios"])
+            if t.state == state.RUNNING:  # a run that stopped without a word (killed, a lost host)
+                study.tell(t.number, state=state.FAIL)
+        return done, partial
+
+    def begin(self, study: Any, label: str, labels: list[str]) -> Any:
+        dist = self.optuna.distributions.CategoricalDistribution(labels)
+        study.enqueue_trial({"value": label})
+        return study.ask({"value": dist})
+
+    def finish(self, study: Any, trial: Any, verdict: pairs.Verdict | None, decided: bool) -> None:
+        if verdict is not None:
+            trial.set_user_attr("kept", verdict.kept)
+            trial.set_user_attr("reason", verdict.reason)
+        state = self.optuna.trial.TrialState
+        if decided and verdict is not None:
+            study.tell(trial, verdict.gain)
+        else:
+            study.tell(trial, state=state.FAIL)
+
+
+def context_key(**parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+
+
+class _Search:
+    """One tune run on this host: the runner's workers, the study, the clock and what the budget has left."""
+
+    def __init__(self, runner: Any, ledger: Ledger, clock: Callable[[], float], budget: float, spec: dict[str, Any]):
+        self.runner, self.ledger, self.clock, self.budget = runner, ledger, clock, budget
+        self.started = clock()
+        self.cores = int(runner.cpu["physical_cores"])
+        self.logical = int(runner.cpu.get("logical_cpus") or self.cores)
+        self.oversubscribe = bool(spec.get("allow_oversubscription"))
+        self.pair_s: dict[str, float] = {}  # the longest pair so far, per workload
+
+    def measure(self, workload: str, objective: Any, env: knob_table.Env) -> float:
+        result = self.runner.worker(workload, tune=True, env=env)
+        if "error" in result or "skipped" in result:
+            raise RuntimeError(result.get("error") or result.get("skipped"))
+        return float(objective.figure(result))
+
+    def candidate(
+        self, workload: str, objective: Any, rule_env: knob_table.Env, cand_env: knob_table.Env, partial: list[float], trial: Any
+    ) -> tuple[pairs.Verdict | None, bool, list[dict[str, float]]]:
+        """The pairs of one candidate against the rule, each pair's figures, resumed from PARTIAL."""
+        figures: list[dict[str, float]] = []
+        last = [self.clock()]
+
+        def side(env: knob_table.Env, who: str) -> float:
+            value = self.measure(workload, objective, env)
+            if not figures or len(figures[-1]) == 2:
+                figures.append({})
+            figures[-1][who] = value
+            return value
+
+        def on_pair(ratios: list[float]) -> None:
+            now = self.clock()
+            self.pair_s[workload] = max(self.pair_s.get(workload, 0.0), now - last[0])
+            last[0] = now
+            trial.set_user_attr("ratios", list(ratios))
+
+        def go_on() -> bool:
+            return self.clock() - self.started + self.pair_s.get(workload, 0.0) <= self.budget
+
+        verdict, decided = pairs.compare_within(
+            lambda: side(rule_env, "rule"),
+            lambda: side(cand_env, "candidate"),
+            objective.higher_is_better,
+            ratios=partial,
+            on_pair=on_pair,
+            go_on=go_on,
+        )
+        return verdict, decided, figures
+
+    def knob(self, workload: str, objective: Any, knob: str, rule: Any, base: knob_table.Env) -> dict[str, Any]:
+        """Every candidate of KNOB against the rule (BASE: the values kept for the knobs before it)."""
+        rule_env = {**base, **knob_table.rule_env(knob, rule, self.cores)}
+        cands = knob_table.candidates(knob, rule, self.cores, self.logical, self.oversubscribe)
+        key = context_key(rule=rule, base=base, cores=self.cores, sizes=self.runner.args.profile)
+        study = self.ledger.study(f"{workload}.{knob}.{key}")
+        labels = [c.label for c in cands]
+        record: dict[str, Any] = {"rule": rule, "candidates": [], "tuned": None}
+        for cand in cands:
+            done, partial = self.ledger.earlier(study, cand.label)
+            if done is not None:
+                record["candidates"].append({"value": cand.value, "label": cand.label, **done, "resumed": True})
+                continue
+            trial = self.ledger.begin(study, cand.label, labels)
+            try:
+                verdict, decided, figures = self.candidate(workload, objective, rule_env, {**base, **cand.env}, partial, trial)
+            except RuntimeError as exc:
+                self.ledger.finish(study, trial, None, False)
+                record["candidates"].append({"value": cand.value, "label": cand.label, "error": str(exc)})
+                continue
+            self.ledger.finish(study, trial, verdict, decided)
+            record["candidates"].append(
+                {
+                    "value": cand.value,
+                    "label": cand.label,
+                    "kept": verdict.kept if verdict else False,
+                    "reason": verdict.reason if verdict else "the budget ended before its first pair",
+                    "ratios": list(verdict.ratios) if verdict else [],
+                    "gain": verdict.gain if verdict else None,
+                    "spread": verdict.spread if verdict else None,
+                    "decided": decided,
+                    "figures": figures,
+                }
+            )
+        kept = [c for c in record["candidates"] if c.get("kept")]
+        if kept:
+            best = max(kept, key=lambda c: pairs.judge(c["ratios"]).gain)
+            verdict = pairs.judge(best["ratios"])
+            record["tuned"] = {
+                "value": best["value"],
+                "label": best["label"],
+                "gain": verdict.gain,
+                "spread": verdict.spread,
+                "pairs": verdict.pairs,
+            }
+        return record
+
+
+def run(
+    runner: Any,
+    spec: dict[str, Any],
+    *,
+    ledger: Ledger,
+    clock: Callable[[], float] = time.monotonic,
+    busy: Callable[[], float] | None = None,
+) -> dict[str, Any]:
+    """Tune the workloads spec["workloads"] over spec["knobs"] (empty: every knob each responds to)
+    within spec["budget_s"]; the result per workload: knobs, each with its rule, candidates and verdicts."""
+    from ..smoke.workloads import BY_NAME
+
+    search = _Search(runner, ledger, clock, float(spec["budget_s"]), spec)
+    out: dict[str, Any] = {"budget_s": search.budget, "workloads": {}, "cores": search.cores}
+    if busy is not None and not spec.get("force"):
+        share = busy()
+        out["cpu_busy_before"] = share
+        if share > BUSY_SHARE:
+            out["refused"] = (
+                f"{share:.0%} of the CPUs were busy before the run (over {BUSY_SHARE:.0%}): the figures would measure "
+                "the other work; run tune on an idle host, or pass --force"
+            )
+            return out
+    for name in spec["workloads"]:
+        module = BY_NAME[name]
+        objective = module.TUNE
+        wanted = [k for k in module.KNOBS if k in knob_table.KNOBS and (not spec.get("knobs") or k in spec["knobs"])]
+        entry: dict[str, Any] = {"unit": objective.unit, "higher_is_better": objective.higher_is_better, "knobs": {}}
+        out["workloads"][name] = entry
+        base: knob_table.Env = {}
+        for knob in wanted:
+            rule = runner.plan.get(knob)
+            if rule is None:
+                entry["knobs"][knob] = {"skipped": f"the plan has no {knob}: run provisioner up first"}
+                continue
+            record = search.knob(name, objective, knob, rule, base)
+            entry["knobs"][knob] = record
+            if record["tuned"]:
+                base = {**base, **knob_table.KNOBS[knob].env(record["tuned"]["value"], search.cores)}
+    out["seconds"] = round(clock() - search.started, 2)
+    return out

@@ -1,0 +1,121 @@
+"""The knobs tune searches: plan values it can apply to one measurement the way the roles apply them.
+
+A knob is a value of the plan (provisioner.plan) that a user's code receives through the
+environment role thread_env writes for the ML user's login shells. To measure a candidate, tune
+runs the workload exactly so: the same login shell, with the knob's variables set to the
+candidate (or left unset: the library's own default). Written back, the value becomes the plan's
+override (plan_<knob>) and `provisioner up` makes thread_env write the same variables.
+
+Each knob's candidates come from the host's own plan and cores: every count from 1 (or 0 where a
+count may be 0) to the physical cores, and the library's default where it differs from them. More
+than the cores only with plan_allow_oversubscription: the plan refuses such a value otherwise.
+
+Standard library only: the control node checks names here, the host's tune run (shipped in the
+smoke zipapp) builds the candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Env = dict[str, "str | None"]  # variable -> value; None: unset (the library's default)
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str  # the plan value, and plan_<name> its override
+    help: str
+    lowest: int  # the smallest count that is a candidate
+    env: Callable[[Any, int], Env]  # (value, physical cores) -> the variables that carry it
+    library_default: str  # what the library does with the variables unset
+
+    @property
+    def option(self) -> str:
+        return f"plan_{self.name}"
+
+
+def _polars(value: Any, _cores: int) -> Env:
+    return {"POLARS_MAX_THREADS": None if value is None else str(int(value))}
+
+
+def _joblib(value: Any, _cores: int) -> Env:
+    # LOKY_MAX_CPU_COUNT caps joblib.cpu_count(): a user's n_jobs=-1 starts that many workers.
+    return {"LOKY_MAX_CPU_COUNT": None if value is None else str(int(value))}
+
+
+def _dataloader(value: Any, cores: int) -> Env:
+    # The training threads take the cores the workers leave (the plan's dataloader_threads follows).
+    workers = int(value)
+    return {
+        "PROVISIONER_DATALOADER_WORKERS": str(workers),
+        "PROVISIONER_DATALOADER_THREADS": str(max(1, cores - workers)),
+    }
+
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob(
+            "polars_threads",
+            "Polars' thread pool (POLARS_MAX_THREADS)",
+            1,
+            _polars,
+            "Polars sizes its pool from the logical CPUs",
+        ),
+        Knob(
+            "joblib_workers",
+            "joblib/loky workers of n_jobs=-1 (LOKY_MAX_CPU_COUNT)",
+            1,
+            _joblib,
+            "loky counts the logical CPUs",
+        ),
+        Knob(
+            "dataloader_workers",
+            "DataLoader worker processes, the training threads taking the rest of the cores",
+            0,
+            _dataloader,
+            "num_workers=0: batches load in the training process",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    value: Any  # None: the library's default (the variable unset)
+    env: Env
+
+    @property
+    def label(self) -> str:
+        return "library default" if self.value is None else str(self.value)
+
+
+def candidates(
+    name: str, rule: Any, cores: int, logical: int | None = None, allow_oversubscription: bool = False
+) -> list[Candidate]:
+    """The values tune measures against the rule (the plan's value), the rule itself left out: every
+    count from the knob's lowest to the cores, and the library's default where it is not one of them
+    (with more logical CPUs than cores, only with allow_oversubscription)."""
+    knob = KNOBS[name]
+    top = cores
+    out = [Candidate(v, knob.env(v, cores)) for v in range(knob.lowest, top + 1) if v != rule]
+    if knob.lowest == 0:
+        return out  # 0 is the library's default itself
+    if logical is not None and logical > cores and allow_oversubscription:
+        out.append(Candidate(None, knob.env(None, cores)))
+    return out
+
+
+def rule_env(name: str, rule: Any, cores: int) -> Env:
+    return KNOBS[name].env(rule, cores)
+
+
+def check_names(names: list[str], workload_knobs: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The knobs asked for, each one tune can apply; an unknown name is refused with the known ones."""
+    known = sorted({k for ks in workload_knobs.values() for k in ks if k in KNOBS})
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise ValueError(f"unknown knob {', '.join(bad)}: tune can search {', '.join(known)}")
+    return names

@@ -1,0 +1,209 @@
+"""The control node's half of `provisioner tune`: the options checked before any host is touched,
+hosts grouped into hardware classes, each host's measurements read as a proposal, and the kept
+values written into the inventory as the plan's overrides with their evidence.
+
+Write-back goes to host_vars/HOST.yml beside the inventory (Ansible reads it for that host in any
+inventory format), through ruamel.yaml's round trip: the file's comments, order and other keys stay
+as they were. Each tuned knob becomes plan_<knob> (the plan's override, which the roles apply) and
+an entry of plan_tuned (knob -> evidence), which `provisioner plan` shows as the value's reason. A
+class of identical hosts is measured on one of them; every member gets the same values, the
+evidence naming the host it was measured on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import BadInput
+from provisioner.smoke.workloads import BY_NAME
+from provisioner.tune import knobs as knob_table
+
+# Workloads with a tune objective, in the order they run; the default of --workloads.
+TUNABLE: tuple[str, ...] = tuple(name for name, w in BY_NAME.items() if getattr(w, "TUNE", None) is not None)
+# One pair of the quickest workload (two quick-size runs plus a worker's start each) takes about
+# 20 s on 2 cores: a budget below this cannot decide anything.
+MIN_BUDGET_S = 60
+
+
+def parse_budget(text: str) -> int:
+    """'10m', '90s', '1h30m' or plain seconds -> seconds; refused below MIN_BUDGET_S."""
+    raw = text.strip().lower()
+    if raw.isdigit():
+        seconds = int(raw)
+    else:
+        parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", raw)
+        if not raw or not parts:
+            raise BadInput(f"--budget {text!r} is not a duration: write it like 10m, 90s, 1h30m or a number of seconds")
+        h, m, s = (int(g or 0) for g in parts.groups())
+        seconds = h * 3600 + m * 60 + s
+    if seconds < MIN_BUDGET_S:
+        raise BadInput(
+            f"--budget {text} is under {MIN_BUDGET_S} s, less than a few pairs of measurements take: give at least "
+            f"{MIN_BUDGET_S}s (10m tunes the default workloads on 2 cores)"
+        )
+    return seconds
+
+
+def check_workloads(names: Sequence[str]) -> list[str]:
+    chosen = list(names) or list(TUNABLE)
+    bad = [n for n in chosen if n not in TUNABLE]
+    if bad:
+        raise BadInput(f"--workloads: {', '.join(bad)} cannot be tuned; the workloads tune measures: {', '.join(TUNABLE)}")
+    return chosen
+
+
+def check_knobs(names: Sequence[str], workloads: Sequence[str]) -> list[str]:
+    searchable = sorted({k for w in workloads for k in BY_NAME[w].KNOBS if k in knob_table.KNOBS})
+    bad = [n for n in names if n not in searchable]
+    if bad:
+        raise BadInput(
+            f"--knobs: {', '.join(bad)} is not a knob of {', '.join(workloads)}; tune can search: {', '.join(searchable)}"
+        )
+    return list(names)
+
+
+def vars_file(inventory: Path, host: str) -> Path:
+    """host_vars/HOST.yml beside the inventory (a file's directory, or the directory itself)."""
+    base = inventory if inventory.is_dir() else inventory.parent
+    return base / "host_vars" / f"{host}.yml"
+
+
+def check_writable(inventory: Path, hosts: Sequence[str]) -> None:
+    """--write refused before any host is touched when a host's vars file could not be written: tried
+    for real (a temporary file where it would go), as permissions alone do not say it for root."""
+    import tempfile
+
+    for host in hosts:
+        path = vars_file(inventory, host)
+        where = path.parent if path.exists() else next((p for p in path.parents if p.exists()), path.parent)
+        try:
+            if not where.is_dir():
+                raise NotADirectoryError(f"{where} is not a directory")
+            with tempfile.TemporaryFile(dir=where):
+                pass
+            if path.exists():
+                with path.open("a", encoding="utf-8"):
+                    pass
+        except OSError as exc:
+            raise BadInput(
+                f"--write cannot write {path} ({exc.strerror or exc}): make it writable, or tune without --write "
+                "and copy the proposal"
+            ) from None
+
+
+def fingerprint(hardware: Mapping[str, Any]) -> str:
+    """A hardware class: the CPU model, cores, sockets, threads, the memory, the drives' models and sizes."""
+    cpu = hardware.get("cpu", {})
+    drives = sorted(
+        (d.get("model") or "", int(d.get("size_bytes") or 0))
+        for d in hardware.get("block_devices", [])
+        if d.get("type", "disk") == "disk" and not d.get("loop")
+    )
+    key = {
+        "cpu": [cpu.get("model_name"), cpu.get("sockets"), cpu.get("cores"), cpu.get("threads")],
+        "memory_gib": round(int(hardware.get("memory", {}).get("total_bytes") or 0) / 2**30),
+        "drives": drives,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def classes(hardware_by_host: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Fingerprint -> its hosts, sorted; the first host of each class is the one measured."""
+    out: dict[str, list[str]] = {}
+    for host in sorted(hardware_by_host):
+        out.setdefault(fingerprint(hardware_by_host[host]), []).append(host)
+    return out
+
+
+@dataclass
+class Row:
+    """One knob on one host: the rule's value, the tuned one (None: the rule stays) and its evidence."""
+
+    host: str
+    workload: str
+    knob: str
+    rule: Any
+    tuned: Any = None
+    gain: float | None = None
+    spread: float | None = None
+    pairs: int = 0
+    reason: str = ""
+    measured_on: str = ""
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def kept(self) -> bool:
+        return self.gain is not None
+
+    def evidence(self, day: str) -> str:
+        where = f", measured on {self.measured_on}" if self.measured_on and self.measured_on != self.host else ""
+        return (
+            f"{self.gain:.2f}x over the rule's {self.rule} on {self.workload} ({self.pairs} pairs, "
+            f"spread {self.spread or 0:.0%}, {day}{where})"
+        )
+
+
+def rows(host: str, result: Mapping[str, Any], measured_on: str = "") -> list[Row]:
+    """A host's tune result as rows, one per knob measured."""
+    out = []
+    for workload, entry in result.get("workloads", {}).items():
+        for knob, record in entry.get("knobs", {}).items():
+            if "skipped" in record:
+                out.append(Row(host, workload, knob, None, reason=record["skipped"], measured_on=measured_on))
+                continue
+            history = record.get("candidates", [])
+            row = Row(host, workload, knob, record.get("rule"), history=history, measured_on=measured_on)
+            tuned = record.get("tuned")
+            if tuned:
+                row.tuned, row.gain, row.spread, row.pairs = tuned["value"], tuned["gain"], tuned["spread"], tuned["pairs"]
+                row.reason = "kept"
+            else:
+                said = [f"{c.get('label')}: {c.get('reason') or c.get('error')}" for c in history]
+                row.reason = "; ".join(said) or "no candidate"
+            out.append(row)
+    return out
+
+
+def write(inventory: Path, host: str, kept: Sequence[Row], day: str | None = None) -> Path | None:
+    """Put the kept rows into host_vars/HOST.yml as plan_<knob> and plan_tuned entries; the rest of
+    the file as it was. None when nothing was kept."""
+    if not kept:
+        return None
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
+    day = day or date.today().isoformat()
+    path = vars_file(inventory, host)
+    yaml = YAML()  # round trip: comments, order and quoting kept
+    yaml.preserve_quotes = True
+    yaml.explicit_start = True  # every inventory file here starts with ---, as yamllint asks
+    yaml.width = 4096  # an evidence line stays one line
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    doc = yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None
+    if doc is None:
+        doc = CommentedMap()
+    if not isinstance(doc, CommentedMap):
+        raise BadInput(f"--write: {path} is not a mapping of variables; fix it or tune without --write")
+    tuned = doc.get("plan_tuned")
+    if tuned is None:
+        tuned = CommentedMap()
+    for row in kept:
+        option = knob_table.KNOBS[row.knob].option
+        doc[option] = row.tuned
+        doc.yaml_add_eol_comment(f"provisioner tune {day}: the rule was {row.rule}", option)
+        tuned[row.knob] = row.evidence(day)
+    doc["plan_tuned"] = tuned
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".yml.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        yaml.dump(doc, f)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,246 @@
+"""provisioner tune off the hosts: the options refused before any host is touched, the knobs'
+candidates, hardware classes, the host driver against a simulated box with a real Optuna study
+(budget, resume, a kept and a dropped knob), and the write-back into a hand-written host_vars file."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.errors import BadInput
+from provisioner.tune import driver, knobs, pairs, proposal
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
+
+
+# ---------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("10m", 600), ("90s", 90), ("1h30m", 5400), ("120", 120), ("2m30s", 150)])
+def test_budget_read(text: str, seconds: int) -> None:
+    assert proposal.parse_budget(text) == seconds
+
+
+@pytest.mark.parametrize(("text", "said"), [("ten", "not a duration"), ("", "not a duration"), ("30s", "under 60 s")])
+def test_budget_refused(text: str, said: str) -> None:
+    with pytest.raises(BadInput, match=said):
+        proposal.parse_budget(text)
+
+
+def test_workloads_and_knobs() -> None:
+    assert proposal.check_workloads([]) == list(proposal.TUNABLE)
+    assert {"features", "dataloader", "sklearn"} <= set(proposal.TUNABLE)
+    with pytest.raises(BadInput, match=r"--workloads: gemmm cannot be tuned; the workloads tune measures: "):
+        proposal.check_workloads(["gemmm"])
+    assert proposal.check_knobs(["polars_threads"], ["features"]) == ["polars_threads"]
+    with pytest.raises(
+        BadInput, match=r"--knobs: polars_threads is not a knob of dataloader; tune can search: dataloader_workers"
+    ):
+        proposal.check_knobs(["polars_threads"], ["dataloader"])
+
+
+def test_every_tunable_workload_has_a_knob_tune_applies() -> None:
+    from provisioner.smoke.workloads import BY_NAME
+
+    for name in proposal.TUNABLE:
+        assert [k for k in BY_NAME[name].KNOBS if k in knobs.KNOBS], name
+
+
+# ---------------------------------------------------------------- candidates
+
+
+def test_candidates_within_the_cores() -> None:
+    got = knobs.candidates("polars_threads", rule=4, cores=4, logical=8)
+    assert [c.value for c in got] == [1, 2, 3]
+    assert got[0].env == {"POLARS_MAX_THREADS": "1"}
+    # The library's default (the variable unset: the logical CPUs) only where oversubscription is allowed.
+    over = knobs.candidates("polars_threads", rule=4, cores=4, logical=8, allow_oversubscription=True)
+    assert over[-1].value is None and over[-1].env == {"POLARS_MAX_THREADS": None} and over[-1].label == "library default"
+    # DataLoader: 0 workers is the library's default; the training threads take what the workers leave.
+    dl = knobs.candidates("dataloader_workers", rule=1, cores=2)
+    assert [(c.value, c.env["PROVISIONER_DATALOADER_THREADS"]) for c in dl] == [(0, "2"), (2, "1")]
+
+
+# ---------------------------------------------------------------- classes
+
+
+def _facts(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
+    return data
+
+
+def test_identical_hosts_form_one_class() -> None:
+    a, b = _facts("xeon_2s"), _facts("xeon_2s")
+    b["block_devices"] = list(reversed(b["block_devices"]))  # the kernel named the drives in another order
+    b["memory"] = {**b["memory"], "available_bytes": 1}  # what is free now is not the hardware
+    other = _facts("vm_2vcpu")
+    got = proposal.classes({"b": b, "a": a, "c": other})
+    assert sorted(got.values()) == [["a", "b"], ["c"]]
+    c = copy.deepcopy(a)
+    c["memory"]["total_bytes"] *= 2
+    assert proposal.fingerprint(c) != proposal.fingerprint(a)
+
+
+# ---------------------------------------------------------------- the host driver
+
+
+class Box:
+    """A simulated host: a workload figure of 100 with noise, times GAIN for the knob value that helps."""
+
+    def __init__(self, best: dict[str, str], gain: float, seed: int = 0, seconds: float = 10.0):
+        self.best, self.gain = best, gain
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.seconds = seconds
+        self.runs: list[dict[str, Any]] = []
+        self.plan = {"polars_threads": 2, "dataloader_workers": 1}
+        self.cpu = {"physical_cores": 2, "logical_cpus": 2}
+
+        class Args:
+            profile = "quick"
+
+        self.args = Args()
+
+    def worker(self, task: str, env: dict[str, str | None] | None = None, **extra: Any) -> dict[str, Any]:
+        assert extra == {"tune": True}
+        self.now += self.seconds
+        self.runs.append(dict(env or {}))
+        figure = 100.0 * self.rng.gauss(1, 0.02)
+        if all((env or {}).get(k) == v for k, v in self.best.items()):
+            figure *= self.gain
+        if task == "features":
+            return {"polars": {"rows_per_s": figure}}
+        return {"planned": {"samples_per_s": figure}}
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_a_real_gain_is_kept_and_no_effect_is_not(tmp_path: Path) -> None:
+    box = Box({"POLARS_MAX_THREADS": "1"}, gain=1.25)
+    spec = {"workloads": ["features", "dataloader"], "knobs": [], "budget_s": 10_000}
+    out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    polars = out["workloads"]["features"]["knobs"]["polars_threads"]
+    assert polars["rule"] == 2 and polars["tuned"]["value"] == 1 and polars["tuned"]["pairs"] == pairs.MAX_PAIRS
+    assert 1.15 < polars["tuned"]["gain"] < 1.35
+    loader = out["workloads"]["dataloader"]["knobs"]["dataloader_workers"]
+    assert loader["tuned"] is None
+    assert all(not c["kept"] and c["decided"] for c in loader["candidates"])
+    # Both sides of every pair run the workload as the user's shell would, the candidate's variables on top.
+    assert {r.get("POLARS_MAX_THREADS") for r in box.runs[: 2 * pairs.MAX_PAIRS]} == {"1", "2"}
+
+
+def test_the_budget_is_kept_and_a_second_run_resumes(tmp_path: Path) -> None:
+    box = Box({"POLARS_MAX_THREADS": "1"}, gain=1.25, seconds=10.0)
+    spec = {"workloads": ["features"], "knobs": ["polars_threads"], "budget_s": 100}
+    first = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    cand = first["workloads"]["features"]["knobs"]["polars_threads"]["candidates"][0]
+    assert not cand["decided"] and not cand["kept"] and first["seconds"] <= 100 * 1.1
+    measured = len(cand["ratios"])
+    assert measured >= 1
+    # The next run starts from the pairs the first one measured (kept in the study on the host).
+    box.now = 0.0
+    second = driver.run(box, {**spec, "budget_s": 10_000}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    cand2 = second["workloads"]["features"]["knobs"]["polars_threads"]["candidates"][0]
+    assert cand2["ratios"][:measured] == cand["ratios"] and cand2["kept"]
+    # A third run has nothing left to measure: the verdict comes from the study.
+    before = len(box.runs)
+    third = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    assert len(box.runs) == before
+    assert third["workloads"]["features"]["knobs"]["polars_threads"]["candidates"][0]["resumed"]
+
+
+def test_a_busy_host_is_refused_unless_forced(tmp_path: Path) -> None:
+    box = Box({}, gain=1.0)
+    spec = {"workloads": ["features"], "knobs": [], "budget_s": 100}
+    out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock, busy=lambda: 0.6)
+    assert "60% of the CPUs were busy" in out["refused"] and "--force" in out["refused"] and not box.runs
+    forced = driver.run(box, {**spec, "force": True}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock, busy=lambda: 0.6)
+    assert "refused" not in forced and box.runs
+
+
+# ---------------------------------------------------------------- write-back
+
+
+HAND_WRITTEN = """\
+---
+# The GPU-less box in rack 4: keep its own data mount.
+plan_data_mountpoint: /srv/data  # NVMe pair
+plan_trials: 2
+"""
+
+
+def _kept(host: str = "box1") -> list[proposal.Row]:
+    result = {
+        "workloads": {
+            "features": {
+                "knobs": {
+                    "polars_threads": {
+                        "rule": 2,
+                        "candidates": [{"value": 1, "label": "1", "kept": True, "ratios": [1.3] * 11}],
+                        "tuned": {"value": 1, "label": "1", "gain": 1.31, "spread": 0.04, "pairs": 11},
+                    }
+                }
+            },
+            "dataloader": {
+                "knobs": {
+                    "dataloader_workers": {
+                        "rule": 1,
+                        "candidates": [{"value": 0, "label": "0", "kept": False, "reason": "within the noise"}],
+                        "tuned": None,
+                    }
+                }
+            },
+        }
+    }
+    return proposal.rows(host, result, measured_on="box1")
+
+
+def test_write_back_keeps_the_file(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    box1:\n")
+    path = tmp_path / "host_vars" / "box1.yml"
+    path.parent.mkdir()
+    path.write_text(HAND_WRITTEN)
+    rows = _kept()
+    assert [r.kept for r in rows] == [True, False]
+    assert proposal.write(inventory, "box1", [r for r in rows if r.kept], day="2026-12-04") == path
+    text = path.read_text()
+    assert text.startswith(HAND_WRITTEN)  # comments, order and values as they were
+    import yaml
+
+    data = yaml.safe_load(text)
+    assert data["plan_polars_threads"] == 1 and data["plan_trials"] == 2
+    assert data["plan_tuned"] == {"polars_threads": "1.31x over the rule's 2 on features (11 pairs, spread 4%, 2026-12-04)"}
+    assert "# provisioner tune 2026-12-04: the rule was 2" in text
+    # Written again (a later tune), the same keys are replaced, not repeated.
+    proposal.write(inventory, "box1", [r for r in rows if r.kept], day="2026-12-05")
+    again = path.read_text()
+    assert again.count("plan_polars_threads") == 1 and "2026-12-05" in again and again.startswith(HAND_WRITTEN)
+    # The evidence names the host it was measured on for the other members of a class.
+    other = proposal.rows("box2", {"workloads": {}}, measured_on="box1")
+    assert other == []
+    twin = _kept("box2")[0]
+    assert twin.evidence("2026-12-04").endswith("2026-12-04, measured on box1)")
+
+
+def test_write_back_creates_the_file_and_refuses_what_it_cannot_write(tmp_path: Path) -> None:
+    inventory = tmp_path / "inv"
+    inventory.mkdir()
+    path = proposal.write(inventory, "box1", [r for r in _kept() if r.kept], day="2026-12-04")
+    assert path == inventory / "host_vars" / "box1.yml" and path.read_text().startswith("---\nplan_polars_threads: 1")
+    (inventory / "host_vars" / "box3.yml").write_text("- a list\n")
+    with pytest.raises(BadInput, match=r"box3.yml is not a mapping of variables"):
+        proposal.write(inventory, "box3", [r for r in _kept() if r.kept])
+    # host_vars is a file here: nothing can be written below it.
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "host_vars").write_text("not a directory\n")
+    with pytest.raises(BadInput, match=r"--write cannot write .*blocked/host_vars/box1.yml \(.*host_vars is not a directory\)"):
+        proposal.check_writable(blocked / "hosts.yml", ["box1"])
+    proposal.check_writable(inventory, ["box1", "box2"])
