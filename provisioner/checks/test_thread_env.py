@@ -31,11 +31,22 @@ SCALED = {
 }
 # Thread-count variables and the plan values of the same count.
 SAME_AS_THREADS = {
-    "POLARS_MAX_THREADS": "polars_threads",
     "TF_NUM_INTRAOP_THREADS": "tf_intra_op_threads",
-    "LOKY_MAX_CPU_COUNT": "joblib_workers",
     "OMP_NUM_THREADS": "arrow_cpu_threads",
 }
+# Thread variables with a count of their own: the thread count unless plan_polars_threads or
+# plan_joblib_workers set another; then threads.conf has them with the scaled counts.
+OWN_COUNTS = {
+    "POLARS_MAX_THREADS": ("thread_env_polars_threads", "polars_threads"),
+    "LOKY_MAX_CPU_COUNT": ("thread_env_joblib_workers", "joblib_workers"),
+}
+
+
+def own_counts(te: dict) -> dict[str, str]:
+    """The variables of OWN_COUNTS the role exports with another count than the threads: name -> value."""
+    threads = str(int(te["thread_env_threads"]))
+    values = {name: str(int(te[option])) for name, (option, _) in OWN_COUNTS.items() if name in te["thread_env_variables"]}
+    return {name: value for name, value in values.items() if value != threads}
 
 
 @pytest.fixture()
@@ -48,6 +59,7 @@ def expected(te):
     """Variable -> value every way work starts must show."""
     threads = str(int(te["thread_env_threads"]))
     values = {name: threads for name in te["thread_env_variables"]}
+    values.update(own_counts(te))
     values["PROVISIONER_THREADS"] = threads  # what the ML environment's hook splits among joblib's workers
     values.update({name: str(int(te[option])) for name, (option, _) in SCALED.items()})
     if te["thread_env_tf_onednn"]:
@@ -123,7 +135,7 @@ def test_threads_follow_the_plan(host, te):
         for name, key in SAME_AS_THREADS.items():
             if name in te["thread_env_variables"]:
                 assert plan["values"][key] == int(te["thread_env_threads"]), key
-    for option, key in SCALED.values():
+    for option, key in [*SCALED.values(), *OWN_COUNTS.values()]:
         if option not in inventory and "thread_env_threads" not in inventory:
             assert int(te[option]) == plan["values"][key], option
 
@@ -135,9 +147,10 @@ def test_settings_file_for_ml_env(host, te):
     settings = {k: v.strip('"') for k, v in parse_env(f.content_string).items()}
     assert settings["cores"] == str(int(te["thread_env_threads"]))
     assert settings["trials"] == str(int(te["thread_env_trials"]))
-    assert settings["variables"].split() == list(te["thread_env_variables"])
+    own = own_counts(te)
+    assert settings["variables"].split() == [name for name in te["thread_env_variables"] if name not in own]
     scaled = dict(item.split("=", 1) for item in settings["scaled"].split())
-    assert scaled == {name: str(int(te[option])) for name, (option, _) in SCALED.items()}
+    assert scaled == {**{name: str(int(te[option])) for name, (option, _) in SCALED.items()}, **own}
     assert settings["fixed"].split() == (["TF_ENABLE_ONEDNN_OPTS=1"] if te["thread_env_tf_onednn"] else [])
 
 
@@ -301,7 +314,7 @@ def test_ml_env_runs_parallel_trials_with_their_share(host, te):
 
 def test_ml_env_gives_each_trial_its_share_of_every_count(host, te):
     """Two trials: each gets half the cores, and half (at least 1; DataLoader workers at least 0)
-    of Arrow's IO pool, the inter-op pools and the DataLoader split."""
+    of Arrow's IO pool, the inter-op pools, the DataLoader split, Polars' pool and joblib's workers."""
     cores = min(int(te["thread_env_threads"]), physical_cores(host))
     per_trial = max(1, cores // 2)
     names = [*SCALED, "POLARS_MAX_THREADS", "LOKY_MAX_CPU_COUNT", "TF_ENABLE_ONEDNN_OPTS"]
@@ -312,8 +325,9 @@ def test_ml_env_gives_each_trial_its_share_of_every_count(host, te):
         name: str(max(0 if name == "PROVISIONER_DATALOADER_WORKERS" else 1, int(te[option]) * per_trial // base))
         for name, (option, _) in SCALED.items()
     }
+    own = [str(max(1, int(te[option]) * per_trial // base)) for option, _ in OWN_COUNTS.values()]
     onednn = "1" if te["thread_env_tf_onednn"] else ""
-    row = " ".join([*(share[n] for n in SCALED), str(per_trial), str(per_trial), onednn]).strip()
+    row = " ".join([*(share[n] for n in SCALED), *own, onednn]).strip()
     assert sorted(out.splitlines()) == [f"0 {row}", f"1 {row}"]
     workers, threads = int(share["PROVISIONER_DATALOADER_WORKERS"]), int(share["PROVISIONER_DATALOADER_THREADS"])
     assert workers + threads <= per_trial or te["thread_env_allow_oversubscription"]

@@ -33,12 +33,13 @@ FROM_PLAN = {
 }
 
 
-def role_values(plan: dict, overrides: dict | None = None) -> dict:
-    """The role's defaults and vars rendered against PLAN, as a play would see them."""
+def role_values(plan: dict, overrides: dict | None = None, play: dict | None = None) -> dict:
+    """The role's defaults and vars rendered against PLAN, as a play would see them (PLAY: the
+    play's other variables, plan_* among them)."""
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     variables = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
     merged = {**defaults, **(overrides or {}), **variables}
-    return _render(merged, {"provisioner_plan": plan, "ansible_facts": {"processor_count": 1}})
+    return _render(merged, {**(play or {}), "provisioner_plan": plan, "ansible_facts": {"processor_count": 1}})
 
 
 def threads_conf(values: dict) -> str:
@@ -299,3 +300,109 @@ def test_plain_loky_parallelism_gives_each_worker_its_share(tmp_path):
     # A value the user exported themselves is theirs: joblib passes it on as it always did.
     workers, _ = _grid(tmp_path, "hook", {**exported, **marker, "OMP_NUM_THREADS": "3"})
     assert {w["omp"] for w in workers} == {"3"}
+
+
+# --------------------------------------------------------------------------
+# Polars' pool and joblib's workers set by plan_polars_threads / plan_joblib_workers
+# --------------------------------------------------------------------------
+
+OWN_COUNTS = {"POLARS_MAX_THREADS": "thread_env_polars_threads", "LOKY_MAX_CPU_COUNT": "thread_env_joblib_workers"}
+
+
+def test_own_counts_of_the_plan_are_exported_and_scaled_not_given_the_thread_count(tmp_path):
+    plan = plan_of("epyc_4545p", polars_threads=4, joblib_workers=2)
+    values = role_values(plan)
+    assert (values["thread_env_polars_threads"], values["thread_env_joblib_workers"]) == (4, 2)
+    exported = values["_thread_env_values"]
+    assert (exported["POLARS_MAX_THREADS"], exported["LOKY_MAX_CPU_COUNT"]) == ("4", "2")
+    assert exported["OMP_NUM_THREADS"] == exported["PROVISIONER_THREADS"] == "16"
+    # threads.conf: they leave the thread variables for the scaled counts, so ml-env scales them.
+    conf = ml_env.read_config(_write(tmp_path, threads_conf(values)))
+    assert "POLARS_MAX_THREADS" not in conf["variables"].split() and "LOKY_MAX_CPU_COUNT" not in conf["variables"].split()
+    assert conf["variables"].split() == [v for v in values["thread_env_variables"] if v not in OWN_COUNTS]
+    scaled = ml_env.parse_assignments(conf["scaled"])
+    assert (scaled["POLARS_MAX_THREADS"], scaled["LOKY_MAX_CPU_COUNT"]) == ("4", "2")
+    one = ml_env.trial_env({}, 0, 1, 16, conf)
+    assert {k: one[k] for k in exported} == exported  # one job: what every other way work starts gets
+    four = ml_env.trial_env({}, 0, 4, 4, conf)
+    assert (four["OMP_NUM_THREADS"], four["POLARS_MAX_THREADS"], four["LOKY_MAX_CPU_COUNT"]) == ("4", "1", "1")
+
+
+def test_own_counts_equal_to_the_thread_count_write_what_they_always_wrote():
+    """The rule's counts (the default) and an option that names the cores: threads.conf and the
+    exported values are those of a plan without the options."""
+    plain = role_values(plan_of("laptop_4c"))
+    same = role_values(plan_of("laptop_4c", polars_threads=4, joblib_workers=4))
+    assert threads_conf(same) == threads_conf(plain)
+    assert list(same["_thread_env_values"].items()) == list(plain["_thread_env_values"].items())
+    assert same["_thread_env_count_variables"] == plain["thread_env_variables"]
+
+
+def test_another_thread_count_gives_polars_and_joblib_that_count():
+    """thread_env_threads other than the plan's: as for the DataLoader, the plan's own counts are
+    for the plan's cores, so both variables carry the role's count."""
+    values = role_values(plan_of("epyc_4545p", polars_threads=4, joblib_workers=2), {"thread_env_threads": 8})
+    assert (values["thread_env_polars_threads"], values["thread_env_joblib_workers"]) == (8, 8)
+    assert values["_thread_env_values"]["POLARS_MAX_THREADS"] == values["_thread_env_values"]["LOKY_MAX_CPU_COUNT"] == "8"
+    assert values["_thread_env_own_counts"] == {}
+    explicit = role_values(plan_of("epyc_4545p"), {"thread_env_threads": 8, "thread_env_polars_threads": 3})
+    assert explicit["_thread_env_values"]["POLARS_MAX_THREADS"] == "3"
+    assert explicit["_thread_env_scaled"]["POLARS_MAX_THREADS"] == "3"
+
+
+def test_an_own_count_not_among_the_variables_is_not_exported():
+    values = role_values(plan_of("epyc_4545p", polars_threads=4), {"thread_env_variables": ["OMP_NUM_THREADS"]})
+    assert "POLARS_MAX_THREADS" not in values["_thread_env_values"]
+    assert values["_thread_env_count_variables"] == ["OMP_NUM_THREADS"]
+
+
+@pytest.mark.parametrize(("machine", "trials"), splits())
+def test_each_joblib_worker_gets_its_share_of_own_counts_as_an_ml_env_trial(tmp_path, machine, trials):
+    cores = load(machine)["cpu"]["cores"]
+    plan = plan_of(machine, polars_threads=max(1, cores // 2), joblib_workers=1)
+    values = role_values(plan)
+    conf = _write(tmp_path, threads_conf(values))
+    settings = hook.read_settings(str(conf))
+    environ = dict(values["_thread_env_values"])
+    worker = hook.worker_env({}, environ, trials, settings, ())
+    trial, _cpus = ml_env.plan_trials(trials, cores, False, [[c] for c in range(cores)], ml_env.read_config(conf), {})[0]
+    for name in [*values["thread_env_variables"], *values["_thread_env_scaled"], "PROVISIONER_THREADS"]:
+        assert worker[name] == trial[name], name
+    per_trial = cores // trials
+    assert trial["POLARS_MAX_THREADS"] == str(max(1, max(1, cores // 2) * per_trial // cores))
+    assert trial["LOKY_MAX_CPU_COUNT"] == "1"
+
+
+def _preflight_problems(values: dict) -> list[str]:
+    """The messages of role thread_env's preflight checks that fail for VALUES (the checks that
+    need no gathered facts: every one but the OS's)."""
+    from jinja2.nativetypes import NativeEnvironment
+
+    task = yaml.safe_load((ROLE / "tasks" / "preflight.yml").read_text())[0]
+    env = NativeEnvironment(undefined=jinja2.StrictUndefined)
+    env.filters.update(_ansible_filters())
+    out = []
+    for check in task["vars"]["__thread_env_checks"][1:]:
+        if "match" in check["ok"] or "search" in check["ok"]:
+            continue  # Ansible's own tests: not what these cases are about
+        if not env.from_string(check["ok"]).render(values):
+            out.append(str(env.from_string(check["msg"]).render(values)))
+    return out
+
+
+def test_preflight_refuses_own_counts_above_the_threads_unless_oversubscription_is_allowed():
+    plan = plan_of("laptop_4c")
+    assert _preflight_problems(role_values(plan)) == []
+    over = role_values(plan, {"thread_env_polars_threads": 6})
+    (problem,) = _preflight_problems(over)
+    assert problem.startswith("thread_env_polars_threads=6 or thread_env_joblib_workers=4 is more than the 4 cores")
+    assert "set thread_env_allow_oversubscription: true" in problem
+    allowed_here = role_values(plan, {"thread_env_joblib_workers": 5, "thread_env_allow_oversubscription": True})
+    assert _preflight_problems(allowed_here) == []
+    (zero,) = _preflight_problems(role_values(plan, {"thread_env_joblib_workers": 0}))
+    assert "thread_env_joblib_workers (0) must be 1 or more" in " ".join(zero.split())
+    # The plan's own oversubscription reaches the role allowed (thread_env_allow_oversubscription
+    # follows plan_allow_oversubscription).
+    allowed = plan_of("laptop_4c", polars_threads=6, allow_oversubscription=True)
+    assert _preflight_problems(role_values(allowed, play={"plan_allow_oversubscription": True})) == []
+    assert _preflight_problems(role_values(allowed)) != []
