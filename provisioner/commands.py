@@ -682,7 +682,7 @@ def tune(
         accept_new_host_keys=accept_new_host_keys,
         on_progress=on_progress,
     )
-    results = {h: f["tune_result"] for h, f in run.facts.items() if f.get("tune_result")}
+    results = {h: f["smoke_tune_result"] for h, f in run.facts.items() if f.get("smoke_tune_result")}
     rows: list[Any] = []
     written: list[Path] = []
     messages: list[str] = []

@@ -84,12 +84,13 @@ KNOBS: dict[str, Knob] = {
 
 @dataclass(frozen=True)
 class Candidate:
-    value: Any  # None: the library's default (the variable unset)
+    value: Any
     env: Env
+    default: bool = False  # the library's own default count
 
     @property
     def label(self) -> str:
-        return "library default" if self.value is None else str(self.value)
+        return f"{self.value} (library default)" if self.default else str(self.value)
 
 
 def candidates(
@@ -104,7 +105,8 @@ def candidates(
     if knob.lowest == 0:
         return out  # 0 is the library's default itself
     if logical is not None and logical > cores and allow_oversubscription:
-        out.append(Candidate(None, knob.env(None, cores)))
+        # The library's default count (the logical CPUs), as a value the plan can carry back.
+        out.append(Candidate(logical, knob.env(logical, cores), default=True))
     return out
 
 

@@ -58,9 +58,9 @@ def test_candidates_within_the_cores() -> None:
     got = knobs.candidates("polars_threads", rule=4, cores=4, logical=8)
     assert [c.value for c in got] == [1, 2, 3]
     assert got[0].env == {"POLARS_MAX_THREADS": "1"}
-    # The library's default (the variable unset: the logical CPUs) only where oversubscription is allowed.
+    # The library's default (the logical CPUs) only where oversubscription is allowed: a count the plan can carry.
     over = knobs.candidates("polars_threads", rule=4, cores=4, logical=8, allow_oversubscription=True)
-    assert over[-1].value is None and over[-1].env == {"POLARS_MAX_THREADS": None} and over[-1].label == "library default"
+    assert over[-1].value == 8 and over[-1].env == {"POLARS_MAX_THREADS": "8"} and over[-1].label == "8 (library default)"
     # DataLoader: 0 workers is the library's default; the training threads take what the workers leave.
     dl = knobs.candidates("dataloader_workers", rule=1, cores=2)
     assert [(c.value, c.env["PROVISIONER_DATALOADER_THREADS"]) for c in dl] == [(0, "2"), (2, "1")]

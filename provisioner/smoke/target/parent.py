@@ -248,7 +248,7 @@ SERVING_CONFIG = "/etc/provisioner/serving/serving.json"
 
 def tune(args: argparse.Namespace) -> dict[str, Any]:
     """provisioner.tune.driver on this host: the workers as for a tuned smoke run at the quick size."""
-    from ..tune import driver  # imports Optuna where the study opens: the ML environment's Python runs this
+    from ...tune import driver  # imports Optuna where the study opens: the ML environment's Python runs this
 
     signal.signal(signal.SIGTERM, _terminated)
     args.mode, args.profile = "tuned", "quick"
