@@ -136,7 +136,9 @@ class _Search:
         """Every candidate of KNOB against the rule (BASE: the values kept for the knobs before it)."""
         rule_env = {**base, **knob_table.rule_env(knob, rule, self.cores)}
         cands = knob_table.candidates(knob, rule, self.cores, self.logical, self.oversubscribe)
-        key = context_key(rule=rule, base=base, cores=self.cores, sizes=self.runner.args.profile)
+        # A study resumes only for the same rule, earlier values, cores and code (the archive's name is its sources' hash).
+        code = getattr(self.runner, "code", "")
+        key = context_key(rule=rule, base=base, cores=self.cores, sizes=self.runner.args.profile, code=code)
         study = self.ledger.study(f"{workload}.{knob}.{key}")
         labels = [c.label for c in cands]
         record: dict[str, Any] = {"rule": rule, "candidates": [], "tuned": None}

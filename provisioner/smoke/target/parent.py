@@ -77,6 +77,7 @@ class Runner:
         self.serving_plan: dict[str, Any] | None = None
         self.plan: dict[str, Any] = {}
         self.cpu: dict[str, Any] = {}
+        self.code = ""  # the archive tune runs from (its studies are kept per code)
 
     def worker(self, task: str, env: dict[str, str | None] | None = None, **extra: Any) -> dict[str, Any]:
         """One workload in its own process; ENV (variable -> value, None: unset) on top of what the
@@ -268,6 +269,7 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
         os.chown(workdir, pw.pw_uid, pw.pw_gid)
         runner = Runner(args, script, workdir, int(plan.get("threads_per_job") or cpu["physical_cores"]), 1)
         runner.plan, runner.cpu = plan, cpu
+        runner.code = os.path.basename(running_archive() or "")  # provisioner_smoke-<sha12>.pyz
         out = driver.run(runner, spec, ledger=driver.Ledger(args.state_dir or driver.STATE_DIR), busy=cpu_busy)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
