@@ -92,6 +92,16 @@ class _Search:
         self.logical = int(runner.cpu.get("logical_cpus") or self.cores)
         self.oversubscribe = bool(spec.get("allow_oversubscription"))
         self.pair_s: dict[str, float] = {}  # the longest pair so far, per workload
+        # Interrupted on the control node (Ctrl-C, a lost connection), the ssh session that ran this
+        # ends and this process is handed to init: it stops at the next pair, its pairs kept.
+        self.parent = os.getppid()
+        self.stopped = ""
+
+    def may_go_on(self, workload: str) -> bool:
+        if os.getppid() != self.parent:
+            self.stopped = "the run that started tune ended (interrupted?): stopped, the pairs measured are kept"
+            return False
+        return self.clock() - self.started + self.pair_s.get(workload, 0.0) <= self.budget
 
     def measure(self, workload: str, objective: Any, env: knob_table.Env) -> float:
         result = self.runner.worker(workload, tune=True, env=env)
@@ -119,16 +129,13 @@ class _Search:
             last[0] = now
             trial.set_user_attr("ratios", list(ratios))
 
-        def go_on() -> bool:
-            return self.clock() - self.started + self.pair_s.get(workload, 0.0) <= self.budget
-
         verdict, decided = pairs.compare_within(
             lambda: side(rule_env, "rule"),
             lambda: side(cand_env, "candidate"),
             objective.higher_is_better,
             ratios=partial,
             on_pair=on_pair,
-            go_on=go_on,
+            go_on=lambda: self.may_go_on(workload),
         )
         return verdict, decided, figures
 
@@ -206,6 +213,8 @@ def run(
             )
             return out
     for name in spec["workloads"]:
+        if search.stopped:
+            break
         module = BY_NAME[name]
         objective = module.TUNE
         wanted = [k for k in module.KNOBS if k in knob_table.KNOBS and (not spec.get("knobs") or k in spec["knobs"])]
@@ -222,4 +231,26 @@ def run(
             if record["tuned"]:
                 base = {**base, **knob_table.KNOBS[knob].env(record["tuned"]["value"], search.cores)}
     out["seconds"] = round(clock() - search.started, 2)
+    if search.stopped:
+        out["stopped"] = search.stopped
     return out
+
+
+def locked(state_dir: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """WORK while holding the host's tune lock: a second tune at the same time is refused (its
+    figures would measure the first), naming the process that holds it."""
+    import fcntl
+
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    with open(os.path.join(state_dir, "lock"), "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            return {"refused": f"another tune is running on this host ({holder}): wait for it, or stop it"}
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        return work()

@@ -416,6 +416,94 @@ def test_plain_ansible_playbook_runs_the_same_roles(provisioned):
     assert "changed=0" in recap and "failed=0" in recap, recap
 
 
+# ---------------------------------------------------------------- tune
+
+# A user's own host_vars file: tune --write must keep it as it is.
+USER_VARS = "---\n# rack 4, the box next to the switch\nserving_enabled: false  # no model server here\n"
+# The search of one workload: DataLoader workers (0 .. cores) against the plan's, in pairs.
+TUNE = ("--workloads", "dataloader", "--budget", "2m")
+
+
+def test_tune_measures_against_the_rule_resumes_writes_back_and_up_applies_only_that(provisioned):
+    """tune on the provisioned server: every candidate measured in pairs as the ML user runs it,
+    nothing on the host changed but its study; a second run resumes the study; --write puts what
+    was kept into host_vars beside the user's own lines; the plan gives the value its evidence and
+    the next up changes only the plan's record and thread_env's files."""
+    server = provisioned["server"]
+    inv = str(server.inventory)
+    host = server.name
+    path = server.inventory.parent / "host_vars" / f"{host}.yml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(USER_VARS)
+    etc = etc_checksum(server)
+    # --force: the suite's other worker keeps these two cores busy, which tune refuses by default
+    # (tests/unit/test_tune.py holds the refusal).
+    rc, out = cli_json("tune", "-i", inv, *TUNE, "--force")
+    assert rc == ExitCode.OK, out
+    result = out["results"][host]
+    record = result["workloads"]["dataloader"]["knobs"]["dataloader_workers"]
+    rule = record["rule"]
+    assert rule == plan_values(server)["dataloader_workers"]
+    threads = int(out_of(server, "runuser -l ml -c 'echo $OMP_NUM_THREADS'"))
+    assert [c["value"] for c in record["candidates"]] == [v for v in range(threads + 1) if v != rule]
+    measured = [c for c in record["candidates"] if c["ratios"]]
+    assert measured, record  # 2 minutes hold several pairs of this workload
+    for c in measured:
+        assert all(f["rule"] > 0 and f["candidate"] > 0 for f in c["figures"] if len(f) == 2), c
+        assert len(c["ratios"]) >= len([f for f in c["figures"] if len(f) == 2]), c
+    # A pair begins only while the longest so far still fits the budget: over it by less than a pair.
+    assert result["seconds"] <= 120 * 1.25, result["seconds"]
+    # Nothing on the host changed but the study it keeps; without --write no file either.
+    assert etc_checksum(server) == etc
+    assert out_of(server, "ls /var/lib/provisioner/tune").split() == ["lock", "studies.db"]
+    assert path.read_text() == USER_VARS and not out["written"]
+
+    # Again, with --write: the pairs measured are the study's, resumed, never measured twice.
+    rc, again = cli_json("tune", "-i", inv, *TUNE, "--force", "--write")
+    assert rc == ExitCode.OK, again
+    record2 = again["results"][host]["workloads"]["dataloader"]["knobs"]["dataloader_workers"]
+    for first, second in zip(record["candidates"], record2["candidates"], strict=True):
+        if first.get("decided"):
+            assert second.get("resumed") and second["ratios"] == first["ratios"], (first, second)
+        else:
+            assert second["ratios"][: len(first["ratios"])] == first["ratios"], (first, second)
+    kept = record2["tuned"]
+    text = path.read_text()
+    assert text.startswith(USER_VARS), text  # the user's lines, comments included, as they were
+    if kept is None:
+        assert text == USER_VARS
+        return
+    data = yaml.safe_load(text)
+    assert data["plan_dataloader_workers"] == kept["value"] and "over the rule's" in data["plan_tuned"]["dataloader_workers"]
+    reason = {s["key"]: s["reason"] for s in plan_settings(server)}["dataloader_workers"]
+    assert reason.startswith(f"tuned: {kept['gain']:.2f}x over the rule's {rule} on dataloader"), reason
+    rc, up = cli_json("up", "-i", inv, "--no-smoke", "--no-verify", *provisioned["offline"])
+    assert rc == ExitCode.OK, up
+    assert {c["task"] for c in up["changes"]} <= {"Record the applied plan on the target"} | THREAD_ENV_WRITES, up["changes"]
+    assert out_of(server, "runuser -l ml -c 'echo $PROVISIONER_DATALOADER_WORKERS'") == str(kept["value"])
+
+
+THREAD_ENV_WRITES = {
+    "Write the thread settings for login shells",
+    "Write the thread settings for systemd user sessions",
+    "Write the thread settings for systemd services (manager DefaultEnvironment)",
+    "Write the thread settings ml-env reads",
+    "Set the thread settings for PAM sessions (ssh commands, su, cron)",
+    "Declare the expected state of thread_env",
+}
+
+
+def plan_settings(server) -> list[dict[str, Any]]:
+    rc, data = cli_json("plan", "-i", str(server.inventory))
+    assert rc == ExitCode.OK, data
+    settings: list[dict[str, Any]] = data[server.name]["settings"]
+    return settings
+
+
+def plan_values(server) -> dict[str, Any]:
+    return {s["key"]: s["value"] for s in plan_settings(server)}
+
+
 # ---------------------------------------------------------------- status and drift
 
 

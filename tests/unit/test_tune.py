@@ -244,3 +244,20 @@ def test_write_back_creates_the_file_and_refuses_what_it_cannot_write(tmp_path: 
     with pytest.raises(BadInput, match=r"--write cannot write .*blocked/host_vars/box1.yml \(.*host_vars is not a directory\)"):
         proposal.check_writable(blocked / "hosts.yml", ["box1"])
     proposal.check_writable(inventory, ["box1", "box2"])
+
+
+def test_a_second_tune_on_the_host_is_refused_while_one_runs(tmp_path: Path) -> None:
+    inner = driver.locked(str(tmp_path), lambda: driver.locked(str(tmp_path), lambda: {"ran": True}))
+    assert inner["refused"].startswith("another tune is running on this host (pid ")
+    assert driver.locked(str(tmp_path), lambda: {"ran": True}) == {"ran": True}
+
+
+def test_a_run_whose_starter_went_away_stops_with_its_pairs_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    box = Box({"POLARS_MAX_THREADS": "1"}, gain=1.25)
+    ppid = iter([100] + [100] * 6 + [1] * 1000)  # the starter's shell ends after a few pairs
+    monkeypatch.setattr(driver.os, "getppid", lambda: next(ppid))
+    spec = {"workloads": ["features", "dataloader"], "knobs": [], "budget_s": 10_000}
+    out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    assert "interrupted" in out["stopped"] and list(out["workloads"]) == ["features"]
+    cand = out["workloads"]["features"]["knobs"]["polars_threads"]["candidates"][0]
+    assert 1 <= len(cand["ratios"]) < pairs.MAX_PAIRS and not cand["kept"]

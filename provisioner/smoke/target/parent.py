@@ -270,7 +270,8 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
         runner = Runner(args, script, workdir, int(plan.get("threads_per_job") or cpu["physical_cores"]), 1)
         runner.plan, runner.cpu = plan, cpu
         runner.code = os.path.basename(running_archive() or "")  # provisioner_smoke-<sha12>.pyz
-        out = driver.run(runner, spec, ledger=driver.Ledger(args.state_dir or driver.STATE_DIR), busy=cpu_busy)
+        state_dir = args.state_dir or driver.STATE_DIR
+        out = driver.locked(state_dir, lambda: driver.run(runner, spec, ledger=driver.Ledger(state_dir), busy=cpu_busy))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return {"host": socket.gethostname(), **out}
