@@ -261,3 +261,79 @@ def test_a_run_whose_starter_went_away_stops_with_its_pairs_kept(tmp_path: Path,
     assert "interrupted" in out["stopped"] and list(out["workloads"]) == ["features"]
     cand = out["workloads"]["features"]["knobs"]["polars_threads"]["candidates"][0]
     assert 1 <= len(cand["ratios"]) < pairs.MAX_PAIRS and not cand["kept"]
+
+
+# ---------------------------------------------------------------- the command, engine faked
+
+
+def _kept_result(value: int = 1) -> dict[str, Any]:
+    return {
+        "cores": 2,
+        "seconds": 90.0,
+        "workloads": {
+            "features": {
+                "knobs": {
+                    "polars_threads": {
+                        "rule": 2,
+                        "candidates": [{"value": value, "label": str(value), "kept": True, "ratios": [1.3] * 11}],
+                        "tuned": {"value": value, "label": str(value), "gain": 1.3, "spread": 0.02, "pairs": 11},
+                    }
+                }
+            }
+        },
+    }
+
+
+class Fleet:
+    """engine.run_playbook faked: facts.yml gives three hosts' hardware (a and b alike), tune.yml the
+    measured hosts' results; records what ran on which hosts."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, results: dict[str, Any]):
+        from provisioner import engine
+        from provisioner.runs import HostResult, RunResult
+
+        self.ran: list[tuple[str, str | None]] = []
+        self.inventory = tmp_path / "hosts.yml"
+        self.inventory.write_text("all: {hosts: {a: {}, b: {}, c: {}}}\n")
+        hardware = {"a": _facts("xeon_2s"), "b": _facts("xeon_2s"), "c": _facts("vm_2vcpu")}
+
+        def run_playbook(playbook: str, inventory: Path, **kwargs: Any) -> RunResult:
+            self.ran.append((playbook, kwargs.get("limit")))
+            hosts = list(hardware) if playbook == "facts.yml" else kwargs["limit"].split(",")
+            if playbook == "facts.yml":
+                facts = {h: {"provisioner_hardware": hardware[h]} for h in hosts}
+            else:
+                facts = {h: {"smoke_tune_result": results[h]} for h in hosts if h in results}
+            return RunResult(playbook, False, 0, {h: HostResult(h, ok=2) for h in hosts}, facts, [], Path("/x"), 1.0)
+
+        monkeypatch.setattr(engine, "run_playbook", run_playbook)
+
+
+def test_one_host_per_hardware_class_is_measured_and_each_member_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from provisioner import commands
+
+    fleet = Fleet(monkeypatch, tmp_path, {"a": _kept_result(1), "c": {"cores": 2, "workloads": {}}})
+    result = commands.tune(fleet.inventory, workloads=["features"], budget="2m", write=True)
+    assert result.exit_code == 0, result
+    assert fleet.ran == [("facts.yml", None), ("tune.yml", "a,c")]
+    assert [(r.host, r.tuned, r.measured_on) for r in result.value.rows] == [("a", 1, "a"), ("b", 1, "a")]
+    a = (tmp_path / "host_vars" / "a.yml").read_text()
+    b = (tmp_path / "host_vars" / "b.yml").read_text()
+    assert "plan_polars_threads: 1" in a and "plan_polars_threads: 1" in b
+    assert "measured on a)" in b and "measured on" not in a
+    assert not (tmp_path / "host_vars" / "c.yml").exists()
+    assert any("b: same hardware as a" in m for m in result.messages)
+
+
+def test_a_busy_host_fails_the_run_and_bad_input_touches_no_host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from provisioner import commands
+    from provisioner.errors import ExitCode
+
+    fleet = Fleet(monkeypatch, tmp_path, {"a": {"refused": "60% of the CPUs were busy"}, "c": {"workloads": {}}})
+    result = commands.tune(fleet.inventory, budget="2m")
+    assert result.exit_code == ExitCode.HOST_FAILED and "a: 60% of the CPUs were busy" in result.messages
+    fleet.ran.clear()
+    for kwargs in ({"workloads": ["gemm"]}, {"knobs": ["allocator"]}, {"budget": "5s"}):
+        with pytest.raises(BadInput):
+            commands.tune(fleet.inventory, **kwargs)
+    assert fleet.ran == []
