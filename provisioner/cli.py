@@ -417,6 +417,10 @@ def tune(
         typer.Option("--write", help="Put the kept values into the inventory (host_vars/HOST.yml) as the plan's overrides."),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Measure even when the host is busy.")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option("--html", help="Write the HTML report here (default: /var/lib/provisioner/tune/report.html)."),
+    ] = None,
     json: Json = False,
     ssh: Ssh,
 ) -> None:
@@ -436,6 +440,7 @@ def tune(
             budget=budget,
             write=write,
             force=force,
+            html=html,
             on_progress=on_progress,
             **_reach(hosts, ssh),
         ),

@@ -651,6 +651,7 @@ def tune(
     budget: str = "10m",
     write: bool = False,
     force: bool = False,
+    html: Path | None = None,
     limit: str | None = None,
     accept_new_host_keys: bool = False,
     on_progress: ProgressCallback | None = None,
@@ -702,6 +703,11 @@ def tune(
                     written.append(path)
         if len(members) > 1:
             messages.append(f"{', '.join(members[1:])}: same hardware as {members[0]}, which was measured for them")
+    outcome = TuneOutcome(run, rows, groups, written, results)
+    if results:
+        from . import report
+
+        messages.append(f"report: {report.write_tune_html(outcome, html or paths.state_dir() / 'tune' / 'report.html')}")
     if write and written:
         messages.append(f"written: {', '.join(map(str, written))}; apply with: provisioner up")
     elif rows and not write:
@@ -709,4 +715,4 @@ def tune(
     # A host refused as busy measured nothing: the run did not do what was asked.
     refused = any(r.get("refused") for r in results.values())
     code = run.exit_code if run.exit_code != ExitCode.OK else (ExitCode.HOST_FAILED if refused else ExitCode.OK)
-    return Result("tune", TuneOutcome(run, rows, groups, written, results), code, tuple(messages), tuple(run.errors))
+    return Result("tune", outcome, code, tuple(messages), tuple(run.errors))

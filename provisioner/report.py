@@ -147,3 +147,45 @@ def write_html(reports: list[HostReport], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_html(reports), encoding="utf-8")
     return path
+
+
+def pairs_chart(ratios: list[float], margin: float, kept: bool, width: int = 320, height: int = 90) -> str:
+    """An SVG of one candidate's pair ratios in the order measured (above 1: the candidate was better),
+    the line at 1 and the keep margin dashed."""
+    if not ratios:
+        return ""
+    lo, hi = min(0.8, *ratios) * 0.98, max(1.2, *ratios) * 1.02
+    left, pad = 8, 8
+    step = (width - 2 * left) / max(1, len(ratios) - 1)
+
+    def y(v: float) -> float:
+        return pad + (height - 2 * pad) * (hi - v) / (hi - lo)
+
+    color = COLORS["pass"] if kept else "#607d8b"
+    parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">']
+    parts.append(f'<line x1="0" x2="{width}" y1="{y(1.0):.1f}" y2="{y(1.0):.1f}" stroke="#212121"/>')
+    parts.append(f'<line x1="0" x2="{width}" y1="{y(margin):.1f}" y2="{y(margin):.1f}" stroke="#2e7d32" stroke-dasharray="4 3"/>')
+    for i, r in enumerate(ratios):
+        parts.append(
+            f'<circle cx="{left + i * step:.1f}" cy="{y(r):.1f}" r="4" fill="{color}"><title>pair {i + 1}: {r:.3f}</title></circle>'
+        )
+    parts.append(f"<title>{len(ratios)} pairs, candidate over rule (line: 1, dashed: {margin})</title></svg>")
+    return "".join(parts)
+
+
+def write_tune_html(outcome: Any, path: Path) -> Path:
+    """The tune report: per host, each knob's rule and tuned value, the gain and its spread, and
+    every candidate's pairs as a chart."""
+    from .tune.pairs import MARGIN
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined)
+    env.globals.update(pairs_chart=pairs_chart, margin=MARGIN)
+    text = env.get_template("tune.html.j2").render(
+        rows=outcome.rows,
+        results=outcome.results,
+        classes=outcome.classes,
+        generated=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path

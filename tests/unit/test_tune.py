@@ -313,8 +313,12 @@ def test_one_host_per_hardware_class_is_measured_and_each_member_written(monkeyp
     from provisioner import commands
 
     fleet = Fleet(monkeypatch, tmp_path, {"a": _kept_result(1), "c": {"cores": 2, "workloads": {}}})
-    result = commands.tune(fleet.inventory, workloads=["features"], budget="2m", write=True)
+    result = commands.tune(fleet.inventory, workloads=["features"], budget="2m", write=True, html=tmp_path / "tune.html")
     assert result.exit_code == 0, result
+    # The report: each measured host, its candidates' pairs as dots, the class it stood for.
+    page = (tmp_path / "tune.html").read_text()
+    assert "<h2>a</h2>" in page and "<h2>c</h2>" in page and "measured for b (same hardware)" in page
+    assert page.count("<circle") == 11 and "kept: " in page
     assert fleet.ran == [("facts.yml", None), ("tune.yml", "a,c")]
     assert [(r.host, r.tuned, r.measured_on) for r in result.value.rows] == [("a", 1, "a"), ("b", 1, "a")]
     a = (tmp_path / "host_vars" / "a.yml").read_text()
@@ -330,7 +334,7 @@ def test_a_busy_host_fails_the_run_and_bad_input_touches_no_host(monkeypatch: py
     from provisioner.errors import ExitCode
 
     fleet = Fleet(monkeypatch, tmp_path, {"a": {"refused": "60% of the CPUs were busy"}, "c": {"workloads": {}}})
-    result = commands.tune(fleet.inventory, budget="2m")
+    result = commands.tune(fleet.inventory, budget="2m", html=tmp_path / "tune.html")
     assert result.exit_code == ExitCode.HOST_FAILED and "a: 60% of the CPUs were busy" in result.messages
     fleet.ran.clear()
     for kwargs in ({"workloads": ["gemm"]}, {"knobs": ["allocator"]}, {"budget": "5s"}):
