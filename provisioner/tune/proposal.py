@@ -28,8 +28,9 @@ from provisioner.tune import knobs as knob_table
 
 # Workloads with a tune objective, in the order they run; the default of --workloads.
 TUNABLE: tuple[str, ...] = tuple(name for name, w in BY_NAME.items() if getattr(w, "TUNE", None) is not None)
-# One pair of the quickest workload (two quick-size runs plus a worker's start each) takes about
-# 20 s on 2 cores: a budget below this cannot decide anything.
+# The fewest pairs that decide a candidate (5) take 20-45 s on 2 cores (features about 3.5 s a
+# pair, sklearn and the DataLoader 8-10 s, measured on a lab server), plus the run's start: a
+# budget below this decides nothing.
 MIN_BUDGET_S = 60
 
 
@@ -46,7 +47,7 @@ def parse_budget(text: str) -> int:
         seconds = h * 3600 + m * 60 + s
     if seconds < MIN_BUDGET_S:
         raise BadInput(
-            f"--budget {text} is under {MIN_BUDGET_S} s, less than a few pairs of measurements take: give at least "
+            f"--budget {text} is under {MIN_BUDGET_S} s, less than the 5 pairs that decide one candidate take: give at least "
             f"{MIN_BUDGET_S}s (10m tunes the default workloads on 2 cores)"
         )
     return seconds
