@@ -29,6 +29,14 @@ from . import pairs
 STATE_DIR = "/var/lib/provisioner/tune"
 STUDIES = "studies.db"
 BUSY_SHARE = 0.25  # the share of the CPUs busy before the run above which the host is refused
+HUNG_UP = False  # set by SIGHUP: the session that started the run ended (hang_up)
+
+
+def hang_up(_signum: int = 0, _frame: Any = None) -> None:
+    """SIGHUP's handler: the terminal of the ssh session that ran tune closed (Ctrl-C on the control
+    node, a lost connection); the run stops at the next pair instead of dying inside one."""
+    global HUNG_UP
+    HUNG_UP = True
 
 
 class Ledger:
@@ -69,8 +77,15 @@ class Ledger:
 
     def finish(self, study: Any, trial: Any, verdict: pairs.Verdict | None, decided: bool) -> None:
         if verdict is not None:
-            trial.set_user_attr("kept", verdict.kept)
-            trial.set_user_attr("reason", verdict.reason)
+            # What a later run shows for it without measuring again (resumed).
+            for key, value in (
+                ("kept", verdict.kept),
+                ("reason", verdict.reason),
+                ("gain", verdict.gain),
+                ("spread", verdict.spread),
+                ("decided", decided),
+            ):
+                trial.set_user_attr(key, value)
         state = self.optuna.trial.TrialState
         if decided and verdict is not None:
             study.tell(trial, verdict.gain)
@@ -98,10 +113,12 @@ class _Search:
         self.stopped = ""
 
     def may_go_on(self, workload: str) -> bool:
-        if os.getppid() != self.parent:
+        if os.getppid() != self.parent or HUNG_UP:
             self.stopped = "the run that started tune ended (interrupted?): stopped, the pairs measured are kept"
             return False
-        return self.clock() - self.started + self.pair_s.get(workload, 0.0) <= self.budget
+        # A workload's first pair: the longest of any workload so far stands for it.
+        pair = self.pair_s.get(workload, max(self.pair_s.values(), default=0.0))
+        return self.clock() - self.started + pair <= self.budget
 
     def measure(self, workload: str, objective: Any, env: knob_table.Env) -> float:
         result = self.runner.worker(workload, tune=True, env=env)
@@ -145,11 +162,14 @@ class _Search:
         cands = knob_table.candidates(knob, rule, self.cores, self.logical, self.oversubscribe)
         # A study resumes only for the same rule, earlier values, cores and code (the archive's name is its sources' hash).
         code = getattr(self.runner, "code", "")
-        key = context_key(rule=rule, base=base, cores=self.cores, sizes=self.runner.args.profile, code=code)
-        study = self.ledger.study(f"{workload}.{knob}.{key}")
         labels = [c.label for c in cands]
+        # The candidates too: Optuna keeps one list of choices per study.
+        key = context_key(rule=rule, base=base, cores=self.cores, sizes=self.runner.args.profile, code=code, labels=labels)
+        study = self.ledger.study(f"{workload}.{knob}.{key}")
         record: dict[str, Any] = {"rule": rule, "candidates": [], "tuned": None}
         for cand in cands:
+            if self.stopped or HUNG_UP:
+                break
             done, partial = self.ledger.earlier(study, cand.label)
             if done is not None:
                 record["candidates"].append({"value": cand.value, "label": cand.label, **done, "resumed": True})

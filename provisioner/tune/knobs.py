@@ -97,10 +97,12 @@ def candidates(
     name: str, rule: Any, cores: int, logical: int | None = None, allow_oversubscription: bool = False
 ) -> list[Candidate]:
     """The values tune measures against the rule (the plan's value), the rule itself left out: every
-    count from the knob's lowest to the cores, and the library's default where it is not one of them
+    count from the knob's lowest to the cores (the DataLoader's workers to one less), and the library's default where it is not one of them
     (with more logical CPUs than cores, only with allow_oversubscription)."""
     knob = KNOBS[name]
-    top = cores
+    # Worker processes next to a training thread: at most cores - 1 of them, as the plan allows
+    # (plan_dataloader_workers), unless oversubscription is.
+    top = cores - 1 if knob.lowest == 0 and not allow_oversubscription else cores
     out = [Candidate(v, knob.env(v, cores)) for v in range(knob.lowest, top + 1) if v != rule]
     if knob.lowest == 0:
         return out  # 0 is the library's default itself

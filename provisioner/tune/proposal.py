@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -80,8 +81,6 @@ def vars_file(inventory: Path, host: str) -> Path:
 def check_writable(inventory: Path, hosts: Sequence[str]) -> None:
     """--write refused before any host is touched when a host's vars file could not be written: tried
     for real (a temporary file where it would go), as permissions alone do not say it for root."""
-    import tempfile
-
     for host in hosts:
         path = vars_file(inventory, host)
         where = path.parent if path.exists() else next((p for p in path.parents if p.exists()), path.parent)
@@ -98,6 +97,33 @@ def check_writable(inventory: Path, hosts: Sequence[str]) -> None:
                 f"--write cannot write {path} ({exc.strerror or exc}): make it writable, or tune without --write "
                 "and copy the proposal"
             ) from None
+        if path.exists():
+            _load(path)  # a file it could not edit (not one mapping: a list, a vault, several documents) refused now
+
+
+def _yaml() -> Any:
+    from ruamel.yaml import YAML
+
+    yaml = YAML()  # round trip: comments, order and quoting kept
+    yaml.preserve_quotes = True
+    yaml.explicit_start = True  # every inventory file here starts with ---, as yamllint asks
+    yaml.width = 4096  # an evidence line stays one line
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    return yaml
+
+
+def _load(path: Path) -> Any:
+    """A host_vars file as ruamel's round-trip mapping (None when empty); refused when it is not one."""
+    from ruamel.yaml.comments import CommentedMap
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        doc = _yaml().load(path.read_text(encoding="utf-8"))
+    except YAMLError as exc:
+        raise BadInput(f"--write cannot edit {path}: {str(exc).splitlines()[0]}; fix it, or tune without --write") from None
+    if doc is not None and not isinstance(doc, CommentedMap):
+        raise BadInput(f"--write: {path} is not a mapping of variables (a list, or a vault?); fix it or tune without --write")
+    return doc
 
 
 def fingerprint(hardware: Mapping[str, Any]) -> str:
@@ -178,33 +204,38 @@ def write(inventory: Path, host: str, kept: Sequence[Row], day: str | None = Non
     the file as it was. None when nothing was kept."""
     if not kept:
         return None
-    from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
 
     day = day or date.today().isoformat()
     path = vars_file(inventory, host)
-    yaml = YAML()  # round trip: comments, order and quoting kept
-    yaml.preserve_quotes = True
-    yaml.explicit_start = True  # every inventory file here starts with ---, as yamllint asks
-    yaml.width = 4096  # an evidence line stays one line
-    yaml.indent(mapping=2, sequence=4, offset=2)
-    doc = yaml.load(path.read_text(encoding="utf-8")) if path.exists() else None
+    target = path.resolve() if path.is_symlink() else path  # a linked file is edited where it lies
+    doc = _load(target) if target.exists() else None
     if doc is None:
         doc = CommentedMap()
-    if not isinstance(doc, CommentedMap):
-        raise BadInput(f"--write: {path} is not a mapping of variables; fix it or tune without --write")
     tuned = doc.get("plan_tuned")
     if tuned is None:
         tuned = CommentedMap()
     for row in kept:
         option = knob_table.KNOBS[row.knob].option
+        new = option not in doc
         doc[option] = row.tuned
-        doc.yaml_add_eol_comment(f"provisioner tune {day}: the rule was {row.rule}", option)
+        if new:  # a key of the user's keeps its own comment (and the lines below it)
+            doc.yaml_add_eol_comment(f"provisioner tune {day}: the rule was {row.rule}", option)
         tuned[row.knob] = row.evidence(day)
     doc["plan_tuned"] = tuned
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".yml.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        yaml.dump(doc, f)
-    os.replace(tmp, path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            _yaml().dump(doc, f)
+        if target.exists():  # the file's mode and owner stay (host_vars may hold secrets: 0600)
+            st = target.stat()
+            os.chmod(tmp, st.st_mode & 0o7777)
+            os.chown(tmp, st.st_uid, st.st_gid)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path

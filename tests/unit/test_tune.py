@@ -62,8 +62,21 @@ def test_candidates_within_the_cores() -> None:
     over = knobs.candidates("polars_threads", rule=4, cores=4, logical=8, allow_oversubscription=True)
     assert over[-1].value == 8 and over[-1].env == {"POLARS_MAX_THREADS": "8"} and over[-1].label == "8 (library default)"
     # DataLoader: 0 workers is the library's default; the training threads take what the workers leave.
+    # (cores - 1 workers at most next to one training thread, as the plan allows; more only with oversubscription.)
     dl = knobs.candidates("dataloader_workers", rule=1, cores=2)
+    assert [(c.value, c.env["PROVISIONER_DATALOADER_THREADS"]) for c in dl] == [(0, "2")]
+    dl = knobs.candidates("dataloader_workers", rule=1, cores=2, allow_oversubscription=True)
     assert [(c.value, c.env["PROVISIONER_DATALOADER_THREADS"]) for c in dl] == [(0, "2"), (2, "1")]
+    # Every value tune can keep is one the plan accepts back as its override.
+    from provisioner.plan import PlanError, PlanOptions, derive_plan
+
+    facts = _facts("vm_2vcpu")
+    for name in knobs.KNOBS:
+        for c in knobs.candidates(name, rule=None, cores=facts["cpu"]["cores"], logical=facts["cpu"]["threads"]):
+            try:
+                derive_plan(facts, PlanOptions.from_vars({f"plan_{name}": c.value}))
+            except PlanError as exc:
+                pytest.fail(f"{name}={c.value}: {exc}")
 
 
 # ---------------------------------------------------------------- classes
@@ -229,6 +242,22 @@ def test_write_back_keeps_the_file(tmp_path: Path) -> None:
     assert twin.evidence("2026-12-04").endswith("2026-12-04, measured on box1)")
 
 
+def test_write_back_keeps_the_users_comment_mode_and_link(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    real = tmp_path / "shared" / "box1.yml"
+    real.parent.mkdir()
+    real.write_text("---\nplan_polars_threads: 2  # mine\n# The data mount is the NVMe pair.\nplan_trials: 2\n")
+    real.chmod(0o600)
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "box1.yml").symlink_to(real)
+    kept = [r for r in _kept() if r.kept]
+    for day in ("2026-12-04", "2026-12-05"):
+        proposal.write(inventory, "box1", kept, day=day)
+    text = real.read_text()
+    assert "plan_polars_threads: 1  # mine\n# The data mount is the NVMe pair.\nplan_trials: 2\n" in text, text
+    assert oct(real.stat().st_mode & 0o777) == "0o600" and (tmp_path / "host_vars" / "box1.yml").is_symlink()
+
+
 def test_write_back_creates_the_file_and_refuses_what_it_cannot_write(tmp_path: Path) -> None:
     inventory = tmp_path / "inv"
     inventory.mkdir()
@@ -244,6 +273,12 @@ def test_write_back_creates_the_file_and_refuses_what_it_cannot_write(tmp_path: 
     with pytest.raises(BadInput, match=r"--write cannot write .*blocked/host_vars/box1.yml \(.*host_vars is not a directory\)"):
         proposal.check_writable(blocked / "hosts.yml", ["box1"])
     proposal.check_writable(inventory, ["box1", "box2"])
+    # A file it could not edit is refused before any host is measured: a vault, several documents.
+    (inventory / "host_vars" / "box4.yml").write_text("$ANSIBLE_VAULT;1.1;AES256\n6162636465\n")
+    (inventory / "host_vars" / "box5.yml").write_text("---\na: 1\n---\nb: 2\n")
+    for host in ("box3", "box4", "box5"):
+        with pytest.raises(BadInput, match=rf"box{host[-1]}.yml"):
+            proposal.check_writable(inventory, [host])
 
 
 def test_a_second_tune_on_the_host_is_refused_while_one_runs(tmp_path: Path) -> None:
@@ -341,3 +376,31 @@ def test_a_busy_host_fails_the_run_and_bad_input_touches_no_host(monkeypatch: py
         with pytest.raises(BadInput):
             commands.tune(fleet.inventory, **kwargs)
     assert fleet.ran == []
+
+
+def test_a_changed_set_of_candidates_starts_a_study_of_its_own(tmp_path: Path) -> None:
+    box = Box({}, gain=1.0)
+    box.cpu = {"physical_cores": 2, "logical_cpus": 4}
+    spec = {"workloads": ["features"], "knobs": ["polars_threads"], "budget_s": 10_000}
+    driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    out = driver.run(box, {**spec, "allow_oversubscription": True}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    labels = [c["label"] for c in out["workloads"]["features"]["knobs"]["polars_threads"]["candidates"]]
+    assert labels == ["1", "4 (library default)"]
+
+
+def test_a_hang_up_stops_the_run_at_the_next_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    box = Box({}, gain=1.0)
+    worker = box.worker
+
+    def hung_up_after_three(task: str, env: Any = None, **extra: Any) -> dict[str, Any]:
+        if len(box.runs) == 6:
+            driver.hang_up()
+        return worker(task, env, **extra)
+
+    monkeypatch.setattr(driver, "HUNG_UP", False)
+    monkeypatch.setattr(box, "worker", hung_up_after_three)
+    out = driver.run(
+        box, {"workloads": ["features", "dataloader"], "budget_s": 10_000}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock
+    )
+    # The pair under way when the session ended is finished (its two figures kept), no other begins.
+    assert "interrupted" in out["stopped"] and len(box.runs) == 8 and list(out["workloads"]) == ["features"]

@@ -252,6 +252,7 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     from ...tune import driver  # imports Optuna where the study opens: the ML environment's Python runs this
 
     signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGHUP, driver.hang_up)
     args.mode, args.profile = "tuned", "quick"
     try:
         with open(args.plan, encoding="utf-8") as f:
