@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -46,3 +47,23 @@ def lab_dir() -> Path:
 def cache_dir() -> Path:
     """Cached lab root filesystems; PROVISIONER_CACHE_DIR overrides."""
     return Path(os.environ.get("PROVISIONER_CACHE_DIR", "/var/cache/provisioner"))
+
+
+def replace_file(dest: Path, data: bytes, mode: int | None = None) -> Path:
+    """Write DATA to DEST beside it and rename it into place: a reader never sees half a file. MODE
+    sets its mode; without it an existing DEST keeps its mode and owner (a new one gets 0644)."""
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if mode is None and dest.exists():
+            st = dest.stat()
+            os.chmod(tmp, st.st_mode & 0o7777)
+            os.chown(tmp, st.st_uid, st.st_gid)
+        else:
+            os.chmod(tmp, 0o644 if mode is None else mode)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return dest

@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 import zipfile
 from pathlib import Path
+
+from provisioner import paths
 
 DATE = (1980, 1, 1, 0, 0, 0)
 
@@ -49,16 +50,7 @@ def write(data: bytes, directory: str | os.PathLike[str], prefix: str, name: str
     """Write DATA into DIRECTORY as PREFIX<sha12>.pyz (or NAME) and return its path. Written beside and
     renamed: processes building the same archive at once never see half a file."""
     dest = Path(directory) / (name or f"{prefix}{hashlib.sha256(data).hexdigest()[:12]}.pyz")
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{prefix}")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return dest
+    return paths.replace_file(dest, data, 0o644)
 
 
 def build_package(package: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Path:

@@ -158,7 +158,7 @@ class _Search:
 
     def knob(self, workload: str, objective: Any, knob: str, rule: Any, base: knob_table.Env) -> dict[str, Any]:
         """Every candidate of KNOB against the rule (BASE: the values kept for the knobs before it)."""
-        rule_env = {**base, **knob_table.rule_env(knob, rule, self.cores)}
+        rule_env = {**base, **knob_table.KNOBS[knob].env(rule, self.cores)}
         cands = knob_table.candidates(knob, rule, self.cores, self.logical, self.oversubscribe)
         # A study resumes only for the same rule, earlier values, cores and code (the archive's name is its sources' hash).
         code = getattr(self.runner, "code", "")
@@ -237,7 +237,7 @@ def run(
             break
         module = BY_NAME[name]
         objective = module.TUNE
-        wanted = [k for k in module.KNOBS if k in knob_table.KNOBS and (not spec.get("knobs") or k in spec["knobs"])]
+        wanted = [k for k in knob_table.searchable(module.KNOBS) if not spec.get("knobs") or k in spec["knobs"]]
         entry: dict[str, Any] = {"unit": objective.unit, "higher_is_better": objective.higher_is_better, "knobs": {}}
         out["workloads"][name] = entry
         base: knob_table.Env = {}

@@ -16,7 +16,7 @@ smoke zipapp) builds the candidates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +26,8 @@ Env = dict[str, "str | None"]  # variable -> value; None: unset (the library's d
 @dataclass(frozen=True)
 class Knob:
     name: str  # the plan value, and plan_<name> its override
-    help: str
-    lowest: int  # the smallest count that is a candidate
+    lowest: int  # the smallest count that is a candidate (0: the library's default itself)
     env: Callable[[Any, int], Env]  # (value, physical cores) -> the variables that carry it
-    library_default: str  # what the library does with the variables unset
 
     @property
     def option(self) -> str:
@@ -54,31 +52,11 @@ def _dataloader(value: Any, cores: int) -> Env:
     }
 
 
+# Polars' pool, and joblib/loky's workers of n_jobs=-1 (both default to the logical CPUs); the
+# DataLoader's worker processes (the library's default 0: batches load in the training process).
 KNOBS: dict[str, Knob] = {
     k.name: k
-    for k in (
-        Knob(
-            "polars_threads",
-            "Polars' thread pool (POLARS_MAX_THREADS)",
-            1,
-            _polars,
-            "Polars sizes its pool from the logical CPUs",
-        ),
-        Knob(
-            "joblib_workers",
-            "joblib/loky workers of n_jobs=-1 (LOKY_MAX_CPU_COUNT)",
-            1,
-            _joblib,
-            "loky counts the logical CPUs",
-        ),
-        Knob(
-            "dataloader_workers",
-            "DataLoader worker processes, the training threads taking the rest of the cores",
-            0,
-            _dataloader,
-            "num_workers=0: batches load in the training process",
-        ),
-    )
+    for k in (Knob("polars_threads", 1, _polars), Knob("joblib_workers", 1, _joblib), Knob("dataloader_workers", 0, _dataloader))
 }
 
 
@@ -112,14 +90,6 @@ def candidates(
     return out
 
 
-def rule_env(name: str, rule: Any, cores: int) -> Env:
-    return KNOBS[name].env(rule, cores)
-
-
-def check_names(names: list[str], workload_knobs: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """The knobs asked for, each one tune can apply; an unknown name is refused with the known ones."""
-    known = sorted({k for ks in workload_knobs.values() for k in ks if k in KNOBS})
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise ValueError(f"unknown knob {', '.join(bad)}: tune can search {', '.join(known)}")
-    return names
+def searchable(declared: Sequence[str]) -> list[str]:
+    """The knobs of a workload's KNOBS that tune can apply, in the workload's order."""
+    return [k for k in declared if k in KNOBS]

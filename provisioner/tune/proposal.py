@@ -13,8 +13,8 @@ evidence naming the host it was measured on.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -23,6 +23,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from provisioner import paths
 from provisioner.errors import BadInput
 from provisioner.smoke.workloads import BY_NAME
 from provisioner.tune import knobs as knob_table
@@ -63,7 +64,7 @@ def check_workloads(names: Sequence[str]) -> list[str]:
 
 
 def check_knobs(names: Sequence[str], workloads: Sequence[str]) -> list[str]:
-    searchable = sorted({k for w in workloads for k in BY_NAME[w].KNOBS if k in knob_table.KNOBS})
+    searchable = sorted({k for w in workloads for k in knob_table.searchable(BY_NAME[w].KNOBS)})
     bad = [n for n in names if n not in searchable]
     if bad:
         raise BadInput(
@@ -224,18 +225,8 @@ def write(inventory: Path, host: str, kept: Sequence[Row], day: str | None = Non
         tuned[row.knob] = row.evidence(day)
     doc["plan_tuned"] = tuned
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            _yaml().dump(doc, f)
-        if target.exists():  # the file's mode and owner stay (host_vars may hold secrets: 0600)
-            st = target.stat()
-            os.chmod(tmp, st.st_mode & 0o7777)
-            os.chown(tmp, st.st_uid, st.st_gid)
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = io.StringIO()
+    _yaml().dump(doc, text)
+    # The file's mode and owner stay (host_vars may hold secrets: 0600).
+    paths.replace_file(target, text.getvalue().encode("utf-8"))
     return path
