@@ -26,8 +26,9 @@ Env = dict[str, "str | None"]  # variable -> value; None: unset (the library's d
 @dataclass(frozen=True)
 class Knob:
     name: str  # the plan value, and plan_<name> its override
-    lowest: int  # the smallest count that is a candidate (0: the library's default itself)
+    lowest: int  # the smallest count that is a candidate
     env: Callable[[Any, int], Env]  # (value, physical cores) -> the variables that carry it
+    default: int | None = None  # the library's own count; None: the logical CPUs (a pool sized by the machine)
 
     @property
     def option(self) -> str:
@@ -52,11 +53,23 @@ def _dataloader(value: Any, cores: int) -> Env:
     }
 
 
+def _trials(value: Any, _cores: int) -> Env:
+    # The N of `ml-env --trials N`, which gives each of N trial processes cores // N threads; the
+    # plan's count is what `ml-env --trials plan` reads. Only tune's measurement reads this variable.
+    return {"PROVISIONER_TUNE_TRIALS": str(int(value))}
+
+
 # Polars' pool, and joblib/loky's workers of n_jobs=-1 (both default to the logical CPUs); the
-# DataLoader's worker processes (the library's default 0: batches load in the training process).
+# DataLoader's worker processes (the library's default 0: batches load in the training process);
+# parallel trials of a study (Optuna's default n_jobs=1: one trial at a time, with every core).
 KNOBS: dict[str, Knob] = {
     k.name: k
-    for k in (Knob("polars_threads", 1, _polars), Knob("joblib_workers", 1, _joblib), Knob("dataloader_workers", 0, _dataloader))
+    for k in (
+        Knob("polars_threads", 1, _polars),
+        Knob("joblib_workers", 1, _joblib),
+        Knob("dataloader_workers", 0, _dataloader, default=0),
+        Knob("trials", 1, _trials, default=1),
+    )
 }
 
 
@@ -81,9 +94,10 @@ def candidates(
     # Worker processes next to a training thread: at most cores - 1 of them, as the plan allows
     # (plan_dataloader_workers), unless oversubscription is.
     top = cores - 1 if knob.lowest == 0 and not allow_oversubscription else cores
-    out = [Candidate(v, knob.env(v, cores)) for v in range(knob.lowest, top + 1) if v != rule]
-    if knob.lowest == 0:
-        return out  # 0 is the library's default itself
+    values = [v for v in range(knob.lowest, top + 1) if v != rule]
+    out = [Candidate(v, knob.env(v, cores), default=v == knob.default) for v in values]
+    if knob.default is not None:
+        return out  # the library's count is one of them (or the rule itself)
     if logical is not None and logical > cores and allow_oversubscription:
         # The library's default count (the logical CPUs), as a value the plan can carry back.
         out.append(Candidate(logical, knob.env(logical, cores), default=True))

@@ -34,7 +34,7 @@ def test_budget_refused(text: str, said: str) -> None:
 
 def test_workloads_and_knobs() -> None:
     assert proposal.check_workloads([]) == list(proposal.TUNABLE)
-    assert {"features", "dataloader", "sklearn"} <= set(proposal.TUNABLE)
+    assert {"features", "dataloader", "sklearn", "hpo"} <= set(proposal.TUNABLE)
     with pytest.raises(BadInput, match=r"--workloads: gemmm cannot be tuned; the workloads tune measures: "):
         proposal.check_workloads(["gemmm"])
     assert proposal.check_knobs(["polars_threads"], ["features"]) == ["polars_threads"]
@@ -67,6 +67,11 @@ def test_candidates_within_the_cores() -> None:
     assert [(c.value, c.env["PROVISIONER_DATALOADER_THREADS"]) for c in dl] == [(0, "2")]
     dl = knobs.candidates("dataloader_workers", rule=1, cores=2, allow_oversubscription=True)
     assert [(c.value, c.env["PROVISIONER_DATALOADER_THREADS"]) for c in dl] == [(0, "2"), (2, "1")]
+    assert dl[0].label == "0 (library default)"
+    # Parallel trials: N of ml-env --trials N, 1 (Optuna's one trial at a time) the library's default.
+    trials = knobs.candidates("trials", rule=4, cores=4, logical=8, allow_oversubscription=True)
+    assert [c.label for c in trials] == ["1 (library default)", "2", "3"]
+    assert trials[1].env == {"PROVISIONER_TUNE_TRIALS": "2"}
     # Every value tune can keep is one the plan accepts back as its override.
     from provisioner.plan import PlanError, PlanOptions, derive_plan
 

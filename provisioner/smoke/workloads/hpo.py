@@ -17,12 +17,15 @@ import subprocess
 import time
 from typing import Any
 
-from ..base import FAIL, INFO, PASS, SKIP, WARN, Check, _problem, grade
+from ..base import FAIL, INFO, PASS, SKIP, WARN, Check, Objective, _problem, grade
 from ..target.ml import _data, _env_int, _missing
 
 NAME = "hpo"
 # The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
 KNOBS: tuple[str, ...] = ("trials", "threads_per_trial")
+# What `provisioner tune` optimises: the study's trials per minute with N processes as ml-env starts
+# them (no sequential or oversubscribed reference runs).
+TUNE = Objective("trials/min", True, lambda r: float(r["tuned"]["trials_per_min"]))
 
 
 # ---------------------------------------------------------------- target, ML environment
@@ -169,6 +172,11 @@ def _environ(extra: dict[str, str] | None):
                 os.environ[k] = v
 
 
+def alone_threads(tuned: bool) -> int | str:
+    """One process's threads: the login shell's (the plan's count when tuned; library defaults in a baseline)."""
+    return _env_int("OMP_NUM_THREADS") if tuned else "library default"
+
+
 def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
     """A real Optuna study: N processes share one journal file, each with the environment `ml-env
     --trials N` gives a trial (its share of the cores), against the same study run by one process
@@ -233,9 +241,29 @@ def w_hpo(p: dict[str, Any]) -> dict[str, Any]:
             "trials_per_min": len(done) / secs * 60,
         }
 
+    if p.get("tune"):
+        # provisioner tune: N trials (the candidate's PROVISIONER_TUNE_TRIALS, else the plan's) as
+        # `ml-env --trials N` starts them, over the same enqueued trials whatever N is, so that
+        # candidates differ only in how the trials share the cores.
+        n = int(os.environ.get("PROVISIONER_TUNE_TRIALS") or workers)
+        per = -(-max(cores, n) * each // n)
+        queue = _hpo_queue(n * per)
+        with contextlib.suppress(FileNotFoundError):  # the journal of this run's last measurement
+            os.remove(os.path.join(p["workdir"], "hpo-tuned.journal"))
+        if n == 1:  # `ml-env --trials 1`: one process with every core, the login shell's threads
+            return {"trials": n, "processes_how": "one process", "tuned": study_run("tuned", 1, None, alone_threads(tuned), per)}
+        trial_env, how = ml_env_trial(n)
+        if trial_env is None:
+            return {"error": how}
+        return {
+            "trials": n,
+            "processes_how": how,
+            "tuned": study_run("tuned", n, trial_env, trial_env.get("OMP_NUM_THREADS", "?"), per),
+        }
+
     runs: dict[str, Any] = {}
     # One process: the login shell's threads (the plan's count when tuned, library defaults in a baseline).
-    alone = _env_int("OMP_NUM_THREADS") if tuned else "library default"
+    alone = alone_threads(tuned)
     how = "library default"
     if workers > 1:
         # planned: N processes as `ml-env --trials N` starts them (baseline: the library defaults)
@@ -288,7 +316,9 @@ def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any]) -> list[Check]:
                 "hyperparameter search",
                 "parallel trials",
                 SKIP,
-                "one trial at a time on this host (one core): nothing to run in parallel",
+                "one trial at a time on this host (one core): nothing to run in parallel"
+                if int(hpo.get("cores") or 1) <= 1
+                else "one trial at a time (the plan's trials is 1, plan_trials): nothing to run in parallel",
                 seq,
                 "trials/min",
                 detail=detail,

@@ -26,3 +26,28 @@ def test_the_study_processes_get_what_ml_env_gives_a_trial(monkeypatch):
     with hpo._environ({"OMP_NUM_THREADS": "2", "PROVISIONER_THREADS": "2"}):
         assert (hpo.os.environ["OMP_NUM_THREADS"], hpo.os.environ["PROVISIONER_THREADS"]) == ("2", "2")
     assert hpo.os.environ["OMP_NUM_THREADS"] == "4" and "PROVISIONER_THREADS" not in hpo.os.environ
+
+
+def test_tune_measures_the_candidates_trials_over_the_same_enqueued_trials(monkeypatch, tmp_path):
+    """provisioner tune's measurement: N processes as `ml-env --trials N` starts them (N from the
+    candidate's variable), the same trials whatever N is, a study of its own each time."""
+    monkeypatch.setitem(hpo.SIZES, "quick", {"hpo_rows": 2000, "hpo_trees": 5, "hpo_trials_per_worker": 2})
+    asked = []
+
+    def ml_env(n):
+        asked.append(n)
+        return {"OMP_NUM_THREADS": "1"}, f"ml-env --trials {n}"
+
+    monkeypatch.setattr(hpo, "ml_env_trial", ml_env)
+    p = {"profile": "quick", "mode": "tuned", "threads": 2, "trials": 1, "workdir": str(tmp_path), "tune": True}
+    out = {}
+    for n in ("1", "2", "2"):  # the same workdir again: each measurement starts its own study
+        monkeypatch.setenv("PROVISIONER_TUNE_TRIALS", n)
+        out[n] = hpo.w_hpo(p)
+    one, two = out["1"]["tuned"], out["2"]["tuned"]
+    assert asked == [2, 2]  # one process needs no trial environment
+    assert (one["procs"], two["procs"]) == (1, 2) and one["trials"] == two["trials"] == 4
+    assert two["processes_seen"] == 2 and two["threads_each"] == "1"
+    assert hpo.TUNE.figure(out["1"]) == one["trials_per_min"] > 0
+    monkeypatch.setattr(hpo, "ml_env_trial", lambda n: (None, "ml-env is not on PATH (role thread_env installs it)"))
+    assert hpo.w_hpo(p) == {"error": "ml-env is not on PATH (role thread_env installs it)"}
