@@ -51,7 +51,6 @@ OWN_LAB = (
     "test_proxy.py",
     "test_ray.py",
     "test_vm.py",
-    "test_vm_raid.py",
     "test_up.py",  # a fresh server (and a stock one for the baseline)
     "test_mlstack.py",  # server pv-mlstack and its wheelhouse: apart, one worker would take it down under the other
     "test_packaging.py",  # the wheel, built once
