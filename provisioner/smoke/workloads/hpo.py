@@ -316,9 +316,9 @@ def hpo_checks(raw: dict[str, Any], hpo: dict[str, Any]) -> list[Check]:
                 "hyperparameter search",
                 "parallel trials",
                 SKIP,
-                "one trial at a time on this host (one core): nothing to run in parallel"
-                if int(hpo.get("cores") or 1) <= 1
-                else "one trial at a time (the plan's trials is 1, plan_trials): nothing to run in parallel",
+                "one trial at a time (the plan's trials is 1, plan_trials): nothing to run in parallel"
+                if hpo.get("workers") == 1 and int(hpo.get("cores") or 1) > 1
+                else "one trial at a time on this host (one core): nothing to run in parallel",
                 seq,
                 "trials/min",
                 detail=detail,

@@ -51,3 +51,14 @@ def test_tune_measures_the_candidates_trials_over_the_same_enqueued_trials(monke
     assert hpo.TUNE.figure(out["1"]) == one["trials_per_min"] > 0
     monkeypatch.setattr(hpo, "ml_env_trial", lambda n: (None, "ml-env is not on PATH (role thread_env installs it)"))
     assert hpo.w_hpo(p) == {"error": "ml-env is not on PATH (role thread_env installs it)"}
+
+
+def test_one_trial_at_a_time_says_why():
+    """No parallel run: on one core there is nothing to share; on more, the plan asked for one trial (plan_trials: 1)."""
+    from provisioner.smoke.base import SKIP
+
+    run = {"trials_per_min": 30.0}
+    hpo_raw = {"library": "lightgbm", "sampler": "s", "trials": 2, "rows": 10, "trees": 2, "runs": {"sequential": run}}
+    for workers, cores, why in ((1, 1, "on this host (one core)"), (1, 4, "the plan's trials is 1, plan_trials")):
+        (check,) = hpo.hpo_checks({"mode": "tuned"}, {**hpo_raw, "workers": workers, "cores": cores})
+        assert check.status == SKIP and why in check.reason, check.reason
