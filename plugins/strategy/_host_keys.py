@@ -97,9 +97,12 @@ def adjust(kwargs: dict[str, Any], mode: str, scratch: str, lookup: Lookup = kno
     return adjusted
 
 
-def wrap_methods(connection_module: Any, flag: str, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+def wrap_methods(
+    connection_module: Any, flag: str, change: Callable[..., dict[str, Any]], with_spec: bool = False
+) -> None:
     """Wrap ansible_mitogen.connection's ssh connection methods so that CHANGE adjusts the
-    arguments they give Mitogen's ssh connection; FLAG marks the wrapper, which is put on once."""
+    arguments they give Mitogen's ssh connection (WITH_SPEC: CHANGE(kwargs, spec), the host's
+    connection spec too); FLAG marks the wrapper, which is put on once."""
     table = connection_module.CONNECTION_METHOD
     for name in ("ssh", "smart"):
         original = table[name]
@@ -108,7 +111,7 @@ def wrap_methods(connection_module: Any, flag: str, change: Callable[[dict[str, 
 
         def method(spec: Any, _original: Callable[[Any], dict[str, Any]] = original) -> dict[str, Any]:
             stack = _original(spec)
-            stack["kwargs"] = change(stack["kwargs"])
+            stack["kwargs"] = change(stack["kwargs"], spec) if with_spec else change(stack["kwargs"])
             return stack
 
         setattr(method, flag, True)

@@ -15,7 +15,8 @@ task) and fills the filter and test plugin tables once, which each worker inheri
 PROVISIONER_TEMPLATE_CACHE=off leaves both to Ansible as before (to measure, or to rule them out).
 
 It also makes --accept-new-host-keys work under Mitogen (_host_keys.py says how) and gives the
-connection timeout ssh's meaning (_connect_timeout.py), in the same process before the forks.
+connection timeout ssh's meaning and leaves ssh's compression off (_connect_timeout.py), in the
+same process before the forks.
 """
 
 from __future__ import annotations
@@ -52,8 +53,13 @@ template_cache = _load_neighbour("_template_cache")
 _host_keys = _load_neighbour("_host_keys")
 _host_keys.install(ansible_mitogen.connection)
 # The connection timeout bounds ssh's answer, as under Ansible's ssh connection, not the whole start.
+_host_keys.wrap_methods(ansible_mitogen.connection, "provisioner_connect_timeout", _load_neighbour("_connect_timeout").adjust)
+# No ssh compression of what is compressed already (wheels, zip archives), as under Ansible's ssh connection.
 _host_keys.wrap_methods(
-    ansible_mitogen.connection, "provisioner_connect_timeout", _load_neighbour("_connect_timeout").adjust
+    ansible_mitogen.connection,
+    "provisioner_uncompressed",
+    _load_neighbour("_connect_timeout").uncompressed,
+    with_spec=True,
 )
 # A host that does not answer is reported after one connection timeout, not one per Python name.
 _load_neighbour("_discovery").install(ansible_mitogen.mixins)

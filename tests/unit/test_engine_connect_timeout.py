@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ansible_mitogen.connection
+import ansible_mitogen.transport_config
 import mitogen.parent
 import mitogen.ssh
 import plugin_code
@@ -49,3 +50,27 @@ def test_installed_it_adjusts_what_mitogens_ssh_connection_is_given():
     # The real table holds both methods.
     assert {"ssh", "smart"} <= set(ansible_mitogen.connection.CONNECTION_METHOD)
     assert mitogen.parent.Options.connect_timeout == 30.0 == mod.START_SECONDS
+
+
+def test_mitogens_ssh_compresses_only_when_the_host_asks():
+    """Wheels and zip archives are compressed already: Mitogen's ssh leaves -o Compression yes out
+    unless a host's mitogen_ssh_compression sets it (either way)."""
+    mod = plugin()
+
+    def original(spec: Any) -> dict[str, Any]:  # as ansible_mitogen's: the host var, else True
+        asked = spec.mitogen_ssh_compression()
+        return {"method": "ssh", "kwargs": {"hostname": "h", "compression": True if asked is None else asked, "ssh_args": []}}
+
+    table: dict[str, Callable[[Any], dict[str, Any]]] = {"ssh": original, "smart": original}
+    fake = types.SimpleNamespace(CONNECTION_METHOD=table)
+    plugin("_host_keys").wrap_methods(fake, "provisioner_uncompressed", mod.uncompressed, with_spec=True)
+
+    def spec(value):
+        return types.SimpleNamespace(mitogen_ssh_compression=lambda: value)
+
+    for value, compressed in ((None, False), (True, True), (False, False)):
+        stack = table["smart"](spec(value))
+        argv = mitogen.ssh.Options(max_message_size=1 << 20, **stack["kwargs"])
+        assert argv.compression is compressed, value
+    # The real spec answers the host var (None when unset).
+    assert hasattr(ansible_mitogen.transport_config.PlayContextSpec, "mitogen_ssh_compression")
