@@ -31,16 +31,3 @@ def adjust(kwargs: dict[str, Any]) -> dict[str, Any]:
     # Ahead of every other argument: ssh keeps the first ConnectTimeout it reads.
     args = ["-o", f"ConnectTimeout={seconds}", *(kwargs.get("ssh_args") or [])]
     return dict(kwargs, ssh_args=args, connect_timeout=seconds + START_SECONDS)
-
-
-def uncompressed(kwargs: dict[str, Any], spec: Any) -> dict[str, Any]:
-    """Mitogen's ssh connection arguments without ssh's compression, unless the host's
-    mitogen_ssh_compression asks for it.
-
-    Mitogen asks ssh to compress its stream (-o Compression yes) by default; Ansible's own ssh
-    connection here does not (provisioner's ssh_args leave -C out). What travels is mostly wheels
-    and zip archives, compressed already: zlib at ssh's level gains 1.5% on them at about 45 MB/s
-    of a core (measured on a wheel of the stack), slower than a 1 Gb/s link and a cost to both ends."""
-    if spec.mitogen_ssh_compression() is not None:
-        return kwargs
-    return dict(kwargs, compression=False)

@@ -15,8 +15,8 @@ task) and fills the filter and test plugin tables once, which each worker inheri
 PROVISIONER_TEMPLATE_CACHE=off leaves both to Ansible as before (to measure, or to rule them out).
 
 It also makes --accept-new-host-keys work under Mitogen (_host_keys.py says how) and gives the
-connection timeout ssh's meaning and leaves ssh's compression off (_connect_timeout.py), in the
-same process before the forks.
+connection timeout ssh's meaning (_connect_timeout.py) and leaves ssh's compression off
+(_compression.py), in the same process before the forks.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ _host_keys.wrap_methods(ansible_mitogen.connection, "provisioner_connect_timeout
 _host_keys.wrap_methods(
     ansible_mitogen.connection,
     "provisioner_uncompressed",
-    _load_neighbour("_connect_timeout").uncompressed,
+    _load_neighbour("_compression").uncompressed,
     with_spec=True,
 )
 # A host that does not answer is reported after one connection timeout, not one per Python name.

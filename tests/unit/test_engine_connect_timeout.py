@@ -55,7 +55,7 @@ def test_installed_it_adjusts_what_mitogens_ssh_connection_is_given():
 def test_mitogens_ssh_compresses_only_when_the_host_asks():
     """Wheels and zip archives are compressed already: Mitogen's ssh leaves -o Compression yes out
     unless a host's mitogen_ssh_compression sets it (either way)."""
-    mod = plugin()
+    mod = plugin("_compression")
 
     def original(spec: Any) -> dict[str, Any]:  # as ansible_mitogen's: the host var, else True
         asked = spec.mitogen_ssh_compression()
