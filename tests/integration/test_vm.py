@@ -19,18 +19,18 @@ What a container cannot show:
   cpufreq driver here), the first run after the reboot changes nothing (the applied plan stays
   as it was), and the smoke test's configuration checks (`smoke --config-only`: the plan's
   threads in a login shell and a service, THP, the data mount) pass;
-- the RAID10 loses a drive (pulled from the running VM through qemu's control socket) and the
-  VM reboots: it comes up (nofail, md's degraded start), the array runs on three drives with
-  the file's checksum intact; `up --tags storage` keeps the array as it is, changes nothing and
-  warns, its verify fails naming the degraded array (so up exits 1, as verify does), and status
-  shows it drifted, naming the lost drive;
+- the RAID10 loses a drive (pulled from the running VM through qemu's control socket), and
+  `undo --reboot` of hugepages and cpu_tuning reboots the VM without it: the one boot shows both.
+  Undo takes the 1 GiB pages off the kernel command line and reboots once, after which no
+  1 GiB page is reserved and the VM runs its own tuning again (undo covers only the two roles
+  whose restore only a real kernel proves, grub's line and a boot, the live values: storage's
+  undo keeps the array, and the full undo of every role is proven in a container by
+  test_up.py). The VM comes up (nofail, md's degraded start), the array runs on three drives
+  with the file's checksum intact; `up --tags storage` keeps the array as it is, changes
+  nothing and warns, its verify fails naming the degraded array (so up exits 1, as verify
+  does), and status shows it drifted, naming the lost drive;
 - the drive comes back: up re-adds it (its superblock names the array), the array rebuilds to
-  clean, verify passes, status is ok, and a re-run changes nothing;
-- last, `undo --reboot` takes the 1 GiB pages off the kernel command line and reboots once,
-  after which no 1 GiB page is reserved and the VM boots with its own tuning again. It undoes
-  only hugepages and cpu_tuning, the roles whose restore only a real kernel proves (grub's line
-  and a boot, the live values): storage's undo keeps the array, and the full undo of every role
-  is proven in a container by test_up.py.
+  clean, verify passes, status is ok, and a re-run changes nothing.
 
 Left out on purpose, each proven elsewhere at a fraction of a VM's minutes: RAID1 as a level on
 a real kernel (the layout is unit-tested in tests/unit/test_storage_module.py), and replacing a
@@ -40,8 +40,9 @@ unit-tested there too; a real wipe is test_storage.py's).
 Software emulation (KVM does not run guests on every host, see provisioner/lab/vm.py) makes
 every task slow, so the runs use Mitogen (PROVISIONER_STRATEGY=mitogen) and only the three
 roles' tags (the first run also common's configure phase and thread_env, for the configuration
-checks); one array is built and the VM reboots three times in all. The drives are small (XFS's
-300 MB at least on the array) so the syncs are short. Times of the image build, the boot, each
+checks); one array is built and the VM reboots twice in all (a reboot under emulation is about
+a minute of a core). The drives are small (XFS's 300 MB at least on the array) so the syncs are
+short. Times of the image build, the boot, each
 run, the reboots and the rebuild are printed (pytest -s).
 """
 
@@ -140,29 +141,6 @@ def clean(server: lab.LabServer) -> str | None:
     """/proc/mdstat once the data array runs on every drive with nothing to rebuild or sync."""
     text = mdstat(server)
     return text if re.search(r"\[(\d+)/\1\] \[U+\]", text) and not re.search(r"recovery|resync", text) else None
-
-
-def reboot(server: lab.LabServer) -> None:
-    """Reboot the VM from inside and wait until it answers ssh with a new boot id."""
-    before = boot_id(server)
-    ssh(server, "systemctl reboot", check=False, timeout=60)
-
-    def rebooted() -> str | None:
-        # While the guest boots, qemu's forwarded port accepts the connection and sshd is not there
-        # to answer: a probe that hangs is "not back yet", not a failure.
-        try:
-            r = subprocess.run(
-                ["ssh", "-F", str(server.ssh_config), "-o", "ConnectTimeout=10", NAME, "cat /proc/sys/kernel/random/boot_id"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            return None
-        return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() != before else None
-
-    wait_for("the VM back after the reboot", rebooted, timeout=900, every=5)
 
 
 @pytest.fixture(scope="module")
@@ -375,33 +353,67 @@ def storage_up(server: lab.LabServer, inventory: str, *, key: str, verify: bool 
 
 
 @pytest.fixture(scope="module")
-def drive_lost(vm_server, rebooted_up, verified, up_after_reboot, config_after_reboot):
-    """Once the RAID10 is in sync (after the checks above on the whole array), DATA1 pulled out and
-    the VM rebooted."""
+def drive_lost(vm_server, inventory, rebooted_up, verified, up_after_reboot, config_after_reboot):
+    """Once the RAID10 is in sync (after the checks above on the whole array and the pages), DATA1
+    pulled out and `undo --reboot` of hugepages and cpu_tuning: its reboot, the hugepages restore's
+    own, is also the VM's boot without the drive. Undo's result, the boot before it, what undo
+    left, and /data's source once md has started the array degraded."""
     assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
     start = time.monotonic()
     wait_for("the RAID10's first sync", lambda: clean(vm_server))
     TIMES["wait for the RAID10 in sync"] = time.monotonic() - start
     assert lab.set_drive(NAME, LOST, present=False)
     wait_for("md notices the pulled drive", lambda: mdstat(vm_server) if "[4/3]" in mdstat(vm_server) else None, 120)
+    before = boot_id(vm_server)
     start = time.monotonic()
-    reboot(vm_server)
-    TIMES["reboot to ssh"] = time.monotonic() - start
+    result = cli_json("undo", "-i", inventory, "--reboot", *UNDO_TAGS)
+    TIMES["undo --reboot + reboot"] = time.monotonic() - start
+    if result[1] and result[1].get("rebooted"):
+        TIMES["undo's reboot run"] = result[1]["rebooted"]["seconds"]
     # md starts an array with a member missing only after a while (mdadm-last-resort), then the
     # nofail mount follows.
     source = wait_for(
         "/data mounted after the reboot", lambda: ssh(vm_server, "findmnt -n -o SOURCE /data", check=False) or None, 300
     )
-    TIMES["reboot to the degraded mount"] = time.monotonic() - start
-    return source.strip()
+    TIMES["undo's reboot to the degraded mount"] = time.monotonic() - start
+    left = {
+        "cmdline": ssh(vm_server, "cat /proc/cmdline"),
+        "grub": ssh(vm_server, "grep -h '^[[:space:]]*linux' /boot/grub/grub.cfg"),
+        "drop-ins": ssh(vm_server, "ls /etc/default/grub.d"),
+        "tuning": live_tuning(vm_server),
+        "boot_id": boot_id(vm_server),
+        "pages": ssh(vm_server, f"cat {HUGEPAGES_1G}").strip(),
+        "meminfo": ssh(vm_server, "cat /proc/meminfo"),
+    }
+    return result, before, left, source.strip()
+
+
+def test_undo_takes_the_pages_off_the_kernel_command_line_and_reboots_once(drive_lost, stock_tuning):
+    (rc, data, errors, messages), before, left, _ = drive_lost
+    assert rc == ExitCode.OK, errors
+    assert data["hosts"][NAME]["changed"] > 0
+    # The reboot is the hugepages restore's own: the 1 GiB pages leave grub's line.
+    assert list(data["reboot"]["reboot"]) == [NAME] and data["reboot"]["pending"] == {}, data["reboot"]
+    assert "hugepages" in data["reboot"]["reboot"][NAME][0], data["reboot"]
+    assert data["rebooted"]["hosts"][NAME]["failed"] == 0
+    assert [m.split(":")[0] for m in messages if m.startswith("reboot")] == [f"rebooted {NAME}"], messages
+    assert left["boot_id"] != before
+    assert "60-provisioner-hugepages.cfg" not in left["drop-ins"].split(), left["drop-ins"]
+    assert "hugepagesz=1G" not in left["grub"] and "console=ttyS0" in left["grub"], left["grub"]
+    assert "hugepagesz=" not in left["cmdline"], left["cmdline"]
+    assert left["pages"] == "0"
+    assert re.search(r"(?m)^Hugetlb:\s+0 kB$", left["meminfo"])  # no page of any size
+    # The booted kernel runs the VM's own tuning again (sysctl.d, tuned's profile).
+    assert left["tuning"] == stock_tuning
 
 
 def test_a_raid10_that_lost_a_drive_boots_degraded_with_the_data_intact(vm_server, rebooted_up, drive_lost):
     text = mdstat(vm_server)
     slots = re.search(r"raid10 .+\n\s+\d+ blocks super 1.2 \d+K chunks 2 near-copies \[4/3\] \[([U_]{4})\]", text)
     assert slots and slots.group(1).count("_") == 1, text
-    assert re.fullmatch(r"/dev/md\d+", drive_lost), drive_lost
-    assert ssh(vm_server, "readlink -f /dev/md/data").strip() == drive_lost
+    source = drive_lost[3]
+    assert re.fullmatch(r"/dev/md\d+", source), source
+    assert ssh(vm_server, "readlink -f /dev/md/data").strip() == source
     assert ssh(vm_server, "sha256sum /data/probe").split()[0] == rebooted_up[1]["sha"]
     assert not ssh(vm_server, f"ls {vm_server.drives[LOST]}", check=False)
 
@@ -494,51 +506,6 @@ def test_once_clean_verify_passes_status_is_ok_and_a_re_run_changes_nothing(vm_s
     assert data["verify"]["roles"][NAME]["storage"]["outcome"] == "passed", data["verify"]
     row = _status(vm_server, "status (clean)")
     assert row["state"] == "ok", row
-
-
-@pytest.fixture(scope="module")
-def undone(vm_server, inventory, rebooted_up, config_after_reboot, verified, up_after_reboot):
-    """`undo --reboot` (the last run of the module, after the drive's story above, whose outcome
-    it does not need) and what it left.
-    Undo without --reboot, its pending-reboot message and the live values given back before any
-    reboot are the unit tests' (test_undo.py) and this machine's own kernel's (tests/host): here,
-    what only a real boot shows."""
-    assert rebooted_up[0][0] == ExitCode.OK, rebooted_up[0][2]
-    before = boot_id(vm_server)
-    start = time.monotonic()
-    result = cli_json("undo", "-i", inventory, "--reboot", *UNDO_TAGS)
-    TIMES["undo --reboot + reboot"] = time.monotonic() - start
-    if result[1] and result[1].get("rebooted"):
-        TIMES["undo's reboot run"] = result[1]["rebooted"]["seconds"]
-    left = {
-        "cmdline": ssh(vm_server, "cat /proc/cmdline"),
-        "grub": ssh(vm_server, "grep -h '^[[:space:]]*linux' /boot/grub/grub.cfg"),
-        "drop-ins": ssh(vm_server, "ls /etc/default/grub.d"),
-        "tuning": live_tuning(vm_server),
-        "boot_id": boot_id(vm_server),
-        "pages": ssh(vm_server, f"cat {HUGEPAGES_1G}").strip(),
-        "meminfo": ssh(vm_server, "cat /proc/meminfo"),
-    }
-    return result, before, left
-
-
-def test_undo_takes_the_pages_off_the_kernel_command_line_and_reboots_once(undone, stock_tuning):
-    (rc, data, errors, messages), before, left = undone
-    assert rc == ExitCode.OK, errors
-    assert data["hosts"][NAME]["changed"] > 0
-    # The reboot is the hugepages restore's own: the 1 GiB pages leave grub's line.
-    assert list(data["reboot"]["reboot"]) == [NAME] and data["reboot"]["pending"] == {}, data["reboot"]
-    assert "hugepages" in data["reboot"]["reboot"][NAME][0], data["reboot"]
-    assert data["rebooted"]["hosts"][NAME]["failed"] == 0
-    assert [m.split(":")[0] for m in messages if m.startswith("reboot")] == [f"rebooted {NAME}"], messages
-    assert left["boot_id"] != before
-    assert "60-provisioner-hugepages.cfg" not in left["drop-ins"].split(), left["drop-ins"]
-    assert "hugepagesz=1G" not in left["grub"] and "console=ttyS0" in left["grub"], left["grub"]
-    assert "hugepagesz=" not in left["cmdline"], left["cmdline"]
-    assert left["pages"] == "0"
-    assert re.search(r"(?m)^Hugetlb:\s+0 kB$", left["meminfo"])  # no page of any size
-    # The booted kernel runs the VM's own tuning again (sysctl.d, tuned's profile).
-    assert left["tuning"] == stock_tuning
 
 
 def test_a_vm_that_does_not_answer_in_time_is_stopped_and_removed(vm_requirements):
