@@ -35,7 +35,7 @@ def _require(what: str, reason: str | None) -> None:
         pytest.skip(reason)
 
 
-# With several workers (scripts/test.sh runs pytest-xdist): the files that share the lab server
+# With two workers (scripts/test.sh runs pytest-xdist): the files that share the lab server
 # pv-test and its module fixtures, and tests/host (it changes live kernel values lab servers
 # see), form one unit of work that runs on one worker, in order; every other test (each
 # molecule scenario, the tests with servers of their own, the unit tests) is a unit of its
