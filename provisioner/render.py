@@ -454,13 +454,21 @@ def serve_status(result: Any) -> None:
                 Text(state, style="green" if healthy else "red"),
                 ",".join(str(c) for c in w.get("cpus") or []) or "all",
                 str(w.get("threads")),
-                Text(" ".join(w.get("loaded_versions") or []) or "-"),
+                Text(" ".join(_with_engine(v, (w.get("engines") or {}).get(v)) for v in w.get("loaded_versions") or []) or "-"),
                 cache,
                 _shown(w.get("requests_per_s")),
                 _shown(w.get("errors_per_s")),
                 _shown(w.get("restarts")),
             )
         console.print(table)
+
+
+def _with_engine(version: str, engine: Any) -> str:
+    """A loaded version with what predicts it and its single-row time: "m/3 (onedal 12 µs)"."""
+    if not isinstance(engine, dict) or not engine.get("engine"):
+        return version
+    us = engine.get("predict_us")
+    return f"{version} ({engine['engine']}" + (f" {us:.0f} µs)" if isinstance(us, int | float) else ")")
 
 
 def _mib(value: Any) -> str:

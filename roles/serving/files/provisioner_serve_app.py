@@ -76,6 +76,12 @@ class Metrics:
         self._loads = prom.Counter(
             "provisioner_serving_model_loads_total", "Model version loads by result.", ["worker", "result"], registry=reg
         )
+        self._predict = prom.Gauge(
+            "provisioner_serving_predict_seconds",
+            "A cached version's single-row predict time, measured at its load, by the engine that serves it.",
+            ["worker", "model", "version", "engine"],
+            registry=reg,
+        )
         self.loads_ok = self._loads.labels(w, "ok")
         self.loads_error = self._loads.labels(w, "error")
         self.worker = w
@@ -94,6 +100,14 @@ class Metrics:
             if hist is None:
                 hist = self._duration_children[hkey] = self._duration.labels(self.worker, model, version)
             hist.observe(seconds)
+
+    def cached(self, model: Model) -> None:
+        if model.engine.predict_us is not None:
+            self._predict.labels(self.worker, model.name, model.version, model.engine.name).set(model.engine.predict_us / 1e6)
+
+    def uncached(self, model: Model) -> None:
+        with contextlib.suppress(KeyError):
+            self._predict.remove(self.worker, model.name, model.version, model.engine.name)
 
     def text(self) -> bytes:
         return self.prom.generate_latest(self.registry)
@@ -120,12 +134,15 @@ class Cache:
         old = self.entries.pop(key, None)
         if old is not None:
             self.bytes -= old.bytes
+            self.metrics.uncached(old)
         self.entries[key] = model
+        self.metrics.cached(model)
         self.bytes += model.bytes
         evicted = []
         while evict and self.bytes > self.budget and len(self.entries) > 1:
             _key, victim = self.entries.popitem(last=False)
             self.bytes -= victim.bytes
+            self.metrics.uncached(victim)
             evicted.append(victim)
         if evicted:
             self.metrics.evictions.inc(len(evicted))
@@ -169,7 +186,7 @@ class Worker:
         models = []
         for name, version in wanted:
             try:
-                models.append(load_model(self.registry, name, version, self.threads))
+                models.append(load_model(self.registry, name, version, self.threads, self.config["engines"]))
             except ModelError as exc:
                 self.metrics.loads_error.inc()
                 raise BadInput(str(exc)) from None
@@ -204,7 +221,7 @@ class Worker:
             if model is not None:
                 return model
             try:
-                model = await asyncio.to_thread(load_model, self.registry, name, version, self.threads)
+                model = await asyncio.to_thread(load_model, self.registry, name, version, self.threads, self.config["engines"])
                 model.warm(self.config["warmup_requests"])
             except ModelError as exc:
                 self.metrics.loads_error.inc()
@@ -348,6 +365,7 @@ class Worker:
             entry: dict[str, Any] = {"name": name, "version": version}
             if loaded is not None:
                 entry.update(framework=loaded.framework, features=loaded.n, loaded=True, bytes=loaded.bytes)
+                entry.update(loaded.engine.to_dict())
             else:
                 try:
                     meta = self.registry.metadata(name, version)
@@ -368,6 +386,7 @@ class Worker:
                         "loaded": True,
                         "bytes": loaded.bytes,
                         "listed": (name, version) in self.listed,
+                        **loaded.engine.to_dict(),
                     }
                 )
         return {

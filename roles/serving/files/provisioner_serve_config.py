@@ -45,6 +45,7 @@ SD_LISTEN_FDS_START = 3
 DISCARD_BYTES = 64 << 20
 DISCARD_SECONDS = 30.0
 _NUMBERS = frozenset((int, float))
+ENGINES = ("onedal",)  # provisioner_serve_engines.KNOWN, which the role's option lists
 
 
 class BadInput(Exception):
@@ -105,6 +106,13 @@ def load_config(path: str) -> dict[str, Any]:
     _int(doc, "max_body_bytes", path, 1)
     _int(doc, "max_batch_rows", path, 1)
     _int(doc, "warmup_requests", path, 0)
+    # The predictor engines that may take a tree ensemble over (provisioner_serve_engines);
+    # a config written before they existed allows every one.
+    allowed = doc.setdefault("engines", list(ENGINES))
+    if not isinstance(allowed, list) or not all(isinstance(e, str) and e in ENGINES for e in allowed):
+        raise BadInput(
+            f"{path}: engines must be a list of {', '.join(ENGINES)} (or [] for the frameworks' own predict), not {allowed!r}"
+        )
     workers = doc.get("workers")
     if not isinstance(workers, list) or not workers:
         raise BadInput(f"{path}: workers must be a non-empty list of {{index, cpus, threads}}")

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import provisioner_serve_engines as engines
 from provisioner_serve_config import (
     _NUMBERS,
     FRAMEWORKS,
@@ -76,8 +77,14 @@ def _load_xgboost(meta: Metadata, threads: int) -> tuple[Predict, int | None]:
 
         probe = numpy.linspace(-1.0, 1.0, 2 * booster.num_features(), dtype=numpy.float32).reshape(2, -1)
         if numpy.array_equal(fast(probe), predict(probe)):
-            return fast, booster.num_features()
-    return predict, booster.num_features()
+            return _native(fast, booster), booster.num_features()
+    return _native(predict, booster), booster.num_features()
+
+
+def _native(predict: Predict, model: Any) -> Predict:
+    """PREDICT with the framework's loaded MODEL beside it, which an engine may convert (engines.choose)."""
+    predict.model = model  # type: ignore[attr-defined]
+    return predict
 
 
 def _xgboost_dense_predict(booster: Any) -> Predict | None:
@@ -133,7 +140,7 @@ def _load_lightgbm(meta: Metadata, threads: int) -> tuple[Predict, int | None]:
     def predict(x: Any) -> Any:
         return booster.predict(x, num_threads=threads)
 
-    return predict, booster.num_feature()
+    return _native(predict, booster), booster.num_feature()
 
 
 def _load_catboost(meta: Metadata, threads: int) -> tuple[Predict, int | None]:
@@ -147,7 +154,7 @@ def _load_catboost(meta: Metadata, threads: int) -> tuple[Predict, int | None]:
         return model.predict(x, prediction_type=kind, thread_count=threads)
 
     names = model.feature_names_
-    return predict, len(names) if names is not None else None
+    return _native(predict, model), len(names) if names is not None else None
 
 
 def _load_sklearn(meta: Metadata, threads: int) -> tuple[Predict, int | None]:
@@ -206,7 +213,7 @@ LOADERS: dict[str, Callable[[Metadata, int], tuple[Predict, int | None]]] = {
 class Model:
     """One loaded version: its feature order, its predict function and its bytes."""
 
-    __slots__ = ("bytes", "features", "framework", "index", "n", "name", "np", "predict_fn", "task", "version")
+    __slots__ = ("bytes", "engine", "features", "framework", "index", "n", "name", "np", "predict_fn", "task", "version")
 
     def __init__(self, meta: Metadata, predict_fn: Predict, size: int) -> None:
         import numpy
@@ -221,6 +228,7 @@ class Model:
         self.n = len(meta.features)
         self.predict_fn = predict_fn
         self.bytes = size
+        self.engine = engines.Engine("native", None, None, "not measured")
 
     def predict(self, rows: Any) -> list[Any]:
         """Rows (a float32 array, n columns) -> one float, or a list of floats, per row."""
@@ -275,8 +283,11 @@ def _some(items: list[str], limit: int = 10) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def load_model(registry: Registry, name: str, version: str, threads: int) -> Model:
-    """Load one version and predict one zero row; ModelError names the file on any failure."""
+def load_model(
+    registry: Registry, name: str, version: str, threads: int, allowed: list[str] | tuple[str, ...] = engines.KNOWN
+) -> Model:
+    """Load one version, predict one zero row, then let the ALLOWED engines compete with the
+    framework's own predict (engines.choose); ModelError names the file on any failure."""
     meta = registry.metadata(name, version)
     module, component = FRAMEWORKS[meta.framework]
     try:
@@ -303,6 +314,14 @@ def load_model(registry: Registry, name: str, version: str, threads: int) -> Mod
         model.warm(1)
     except Exception as exc:
         raise ModelError(f"{meta.file}: predicting a zero row of {model.n} features fails ({str(exc).strip()[:300]})") from None
+    native = getattr(predict_fn, "model", None)
+    try:
+        model.predict_fn, model.engine = engines.choose(
+            meta.framework, meta.task, model.n, predict_fn, native, threads, list(allowed)
+        )
+    except Exception as exc:  # the framework's own predict works (above): it serves
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        model.engine = engines.Engine("native", None, None, f"engines not tried: {first[:200]}")
     model.bytes = max(rss_bytes() - before, files_bytes(meta.dir))
     return model
 
@@ -362,14 +381,19 @@ def check(config: dict[str, Any]) -> int:
             )
         try:
             with quiet_output():
-                models.append(load_model(registry, name, version, 1))
+                models.append(load_model(registry, name, version, 1, config["engines"]))
         except ModelError as exc:
             raise BadInput(str(exc)) from None
     total = sum(m.bytes for m in models)
     if total > config["cache_budget_bytes"]:
         raise BadInput(over_budget_message(models, config["cache_budget_bytes"]))
     print(
-        json.dumps({"models": [{"name": m.name, "version": m.version, "bytes": m.bytes} for m in models], "total_bytes": total})
+        json.dumps(
+            {
+                "models": [{"name": m.name, "version": m.version, "bytes": m.bytes, "engine": m.engine.name} for m in models],
+                "total_bytes": total,
+            }
+        )
     )
     return 0
 

@@ -85,6 +85,10 @@ def read_worker(config: dict[str, Any], worker: dict[str, Any], timeout: float) 
         {
             "answering": True,
             "loaded_versions": [f"{m['name']}/{m['version']}" for m in loaded],
+            # What predicts each loaded version and its single-row time at load (docs/serving.md).
+            "engines": {
+                f"{m['name']}/{m['version']}": {"engine": m.get("engine"), "predict_us": m.get("predict_us")} for m in loaded
+            },
             "cache_bytes": models.get("cache_bytes"),
             "cache_budget_bytes": models.get("cache_budget_bytes"),
         }
