@@ -177,6 +177,10 @@ def test_serve_status_shows_every_planned_worker_ready_with_its_slice(served):
         assert w["threads"] == plan["threads_per_worker"]
         assert w["cpus"] == cpus
         assert sorted(w["loaded_versions"]) == ["churn/1", "fraud/1", "fraud/2"], w
+        # Each served through its framework (oneDAL comes only with the sklearnex component), its
+        # single-row time measured at load.
+        assert {v: e["engine"] for v, e in w["engines"].items()} == dict.fromkeys(w["loaded_versions"], "native"), w
+        assert all(e["predict_us"] > 0 for e in w["engines"].values()), w
         assert 0 < w["cache_bytes"] <= w["cache_budget_bytes"]
     # The serving socket and the admin ports listen on loopback only.
     listening = ssh(served, "ss -Hltn").stdout.split("\n")
