@@ -7,20 +7,22 @@ with wrk (Debian's package; a POST Lua script, one wrk thread) at 1, 8 and 32 co
 
 - tuned: roles/serving/files/provisioner_serve.py as 2 workers x 1 thread, each pinned to
   its CPU, sharing one loopback port with SO_REUSEPORT (what the serving role deploys, bar
-  systemd);
+  systemd), with its predictor engines (serving_engines [onedal]: oneDAL where the Python
+  running the servers has daal4py, chosen at load when equal and faster);
+- native: the same with serving_engines [] (run only when an engine was chosen);
 - baseline: one uvicorn process with the libraries' default threads (a FastAPI endpoint
   with a pydantic body, run in Starlette's thread pool, XGBoost with its default nthread).
 
 Prints requests/s, p50/p99 and errors per level (medians over --runs), and the in-process
-single-row predict rate (XGBoost's inplace_predict, and the server's predict call) on one
-thread: the rate x cores is what the trees alone would allow. Figures, never pass/fail: the
+single-row predict rate (XGBoost's inplace_predict, the server's native predict call and the
+engine the server's load chose) and 100,000-row batch rate on one thread: the single-row rate x
+cores is what the trees alone would allow. Figures, never pass/fail: the
 machine is shared and noisy. --python runs the servers in another environment (the ML venv).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -62,6 +64,9 @@ booster.set_param({"nthread": 1})
 row = np.random.default_rng(1).normal(size=(1, 28)).astype(np.float32)
 meta = ps.Metadata("m", "1", ps.Path(sys.argv[1]), json.load(open(sys.argv[1] + "/metadata.json")))
 server_predict, _ = ps._load_xgboost(meta, 1)
+registry = ps.Registry(os.path.dirname(os.path.dirname(sys.argv[1])))
+chosen = ps.load_model(registry, "higgs", "1", 1)
+batch = np.random.default_rng(2).normal(size=(100_000, 28)).astype(np.float32)
 def rate(f, seconds=2.0):
     for _ in range(200):
         f(row)
@@ -71,7 +76,14 @@ def rate(f, seconds=2.0):
             f(row)
         n += 100
     return n / (time.perf_counter() - start)
-print(json.dumps({"inplace_predict": rate(lambda r: booster.inplace_predict(r)), "server_predict": rate(server_predict)}))
+def batch_rate(f):
+    f(batch[:1000])
+    start = time.perf_counter()
+    f(batch)
+    return len(batch) / (time.perf_counter() - start)
+print(json.dumps({"inplace_predict": rate(lambda r: booster.inplace_predict(r)), "server_predict": rate(server_predict),
+                  "engine": chosen.engine.name, "engine_reason": chosen.engine.reason, "engine_predict": rate(chosen.predict_fn),
+                  "native_batch": batch_rate(server_predict), "engine_batch": batch_rate(chosen.predict_fn)}))
 """
 
 BASELINE_APP = """
@@ -110,14 +122,11 @@ end
 
 
 def _free_ports():
-    """free_ports of the smoke script, which starts the same throwaway servers on a host."""
-    spec = importlib.util.spec_from_file_location(
-        "provisioner_smoke", ROOT / "roles" / "smoke" / "files" / "provisioner_smoke.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.free_ports
+    """free_ports of the smoke test's serving workload, which starts the same throwaway servers on a host."""
+    sys.path.insert(0, str(ROOT))
+    from provisioner.smoke.workloads.serving import free_ports
+
+    return free_ports
 
 
 free_base = _free_ports()
@@ -191,6 +200,9 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
     parser.add_argument("--python", default=sys.executable, help="the Python the servers run in")
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--skip-native", action="store_true", help="no second tuned run with serving_engines [] (when an engine was chosen)"
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: apt-get install -y wrk")
@@ -218,7 +230,13 @@ def main() -> None:
         )
         print(
             f"in-process single-row predict, 1 thread: inplace_predict {rates['inplace_predict']:.0f}/s, "
-            f"the server's predict call {rates['server_predict']:.0f}/s"
+            f"the server's native predict call {rates['server_predict']:.0f}/s, the engine its load chose "
+            f"({rates['engine']}) {rates['engine_predict']:.0f}/s ({rates['engine_predict'] / rates['server_predict']:.1f}x)"
+        )
+        print(f"  engine choice: {rates['engine_reason']}")
+        print(
+            f"in-process 100,000-row batch, 1 thread: native {rates['native_batch']:,.0f} rows/s, "
+            f"{rates['engine']} {rates['engine_batch']:,.0f} rows/s"
         )
 
         base = free_base(3)
@@ -235,15 +253,25 @@ def main() -> None:
             "max_batch_rows": 10000,
             "warmup_requests": 20,
         }
-        (top / "serving.json").write_text(json.dumps(config))
-        procs = [
-            subprocess.Popen([args.python, str(SERVER), "--config", str(top / "serving.json"), "--worker", str(i)], env=env)
-            for i in range(2)
-        ]
-        for i in range(2):
-            wait_http(f"http://127.0.0.1:{base + 1 + i}/readyz", procs)
-        tuned = measure("tuned", f"http://127.0.0.1:{base}/v1/models/higgs/1/predict", script, args.runs, args.duration)
-        stop(procs)
+
+        def serve(name: str, engines: list[str]) -> dict[int, dict[str, float]]:
+            nonlocal procs
+            (top / "serving.json").write_text(json.dumps({**config, "engines": engines}))
+            procs = [
+                subprocess.Popen([args.python, str(SERVER), "--config", str(top / "serving.json"), "--worker", str(i)], env=env)
+                for i in range(2)
+            ]
+            for i in range(2):
+                wait_http(f"http://127.0.0.1:{base + 1 + i}/readyz", procs)
+            with urllib.request.urlopen(f"http://127.0.0.1:{base + 1}/v1/models", timeout=5) as r:
+                served = {m["name"]: m for m in json.load(r)["models"]}["higgs"]
+            print(f"  {name}: worker 0 serves higgs/1 through {served['engine']} ({served['predict_us']} µs a row at load)")
+            out = measure(name, f"http://127.0.0.1:{base}/v1/models/higgs/1/predict", script, args.runs, args.duration)
+            stop(procs)
+            return out
+
+        tuned = serve("tuned", ["onedal"])
+        native = serve("native", []) if rates["engine"] != "native" and not args.skip_native else None
 
         baseline = None
         if not args.skip_baseline:
@@ -279,6 +307,8 @@ def main() -> None:
             f"(goal >= 1000 req/s, p99 < 20 ms); {t8['rps'] / (rates['inplace_predict'] * len(cpus)):.2f} of the "
             f"in-process inplace_predict rate x {len(cpus)} cores"
         )
+        if native:
+            print(f"tuned / tuned with serving_engines [] requests/s at 8 connections: {t8['rps'] / native[8]['rps']:.2f}x")
         if baseline:
             print(f"tuned / baseline requests/s at 8 connections: {t8['rps'] / baseline[8]['rps']:.2f}x")
     finally:
