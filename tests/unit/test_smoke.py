@@ -459,6 +459,16 @@ def test_serving_requests_per_second_are_held_against_the_in_process_rate_times_
     assert "p99" in c["serving.rps_c32"].reason
 
 
+def test_the_in_process_rate_names_the_predictor_engine_its_load_chose(served):
+    """A raw result from before the engines has no engine and reads as it did; one that has it names it."""
+    _, tuned = served
+    assert "predicted by" not in by_id(smoke.evaluate(tuned))["serving.inproc"].reason
+    why = "onedal: 13.0 µs a row against native 85.3 µs, the same predictions"
+    tuned["results"]["serving"]["inproc"].update(engine="onedal", engine_reason=why)
+    reason = by_id(smoke.evaluate(tuned))["serving.inproc"].reason
+    assert reason.endswith(f" per row, predicted by onedal ({why})"), reason
+
+
 def test_serving_below_the_grades_warns_then_fails(served):
     _, tuned = served
     limit = by_id(smoke.evaluate(tuned))["serving.rps"].limit

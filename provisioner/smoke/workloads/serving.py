@@ -5,7 +5,7 @@ request at any level; the other levels and the in-process rate reported.
 Measured on the target (WORKERS, in the ML environment); judged on the control node, which
 reads results.serving: levels [{connections, requests_per_s, p50_ms,
 p99_ms, runs, seconds, requests, socket_errors, non_2xx}], inproc {per_s, p50_us, p99_us, how,
-repeats, calls}, inproc_error, model, model_name, target, workers_how; the raw result's
+repeats, calls, engine, engine_reason}, inproc_error, model, model_name, target, workers_how; the raw result's
 cpu.physical_cores.
 """
 
@@ -140,6 +140,9 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
         "p99_us": float(np.percentile(arr, 99)),
         "how": "the server's load_model(threads=1), then values -> array -> predict per row, one thread",
     }
+    engine = getattr(model, "engine", None)  # the predictor engine its load chose (docs/serving.md)
+    if engine is not None:
+        out["inproc"].update(engine=engine.name, engine_reason=engine.reason)
     return out
 
 
@@ -655,7 +658,8 @@ def serving_checks(raw: dict[str, Any], result: dict[str, Any]) -> list[Check]:
                 "serving",
                 "in-process predict rate (one thread)",
                 INFO,
-                f"p50 {ip.get('p50_us', 0):,.0f} µs, p99 {ip.get('p99_us', 0):,.0f} µs per row",
+                f"p50 {ip.get('p50_us', 0):,.0f} µs, p99 {ip.get('p99_us', 0):,.0f} µs per row"
+                + (f", predicted by {ip['engine']} ({ip.get('engine_reason')})" if ip.get("engine") else ""),
                 float(inproc),
                 "predicts/s",
                 detail=f"{ip.get('how')}; median of {ip.get('repeats')} x {ip.get('calls')} calls",
