@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,48 @@ class Row(BaseModel):
 def predict(row: Row) -> dict:
     x = np.array([[row.features[f] for f in FEATURES]], dtype=np.float32)
     return {"model": "higgs", "version": "1", "prediction": float(booster.inplace_predict(x)[0])}
+"""
+
+# The request path's floor: the same load_model and predict path (the engine included) under a
+# plain ASGI callable, no routing, validation, middleware or metrics; uvicorn as the server runs it.
+RAW_APP = """
+import json, sys
+sys.path.insert(0, SERVE_DIR)
+import provisioner_serve as ps
+
+model = ps.load_model(ps.Registry(REGISTRY), "higgs", "1", 1)
+HEADERS = [(b"content-type", b"application/json")]
+
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if scope["path"] == "/readyz":
+        out = b"{}"
+    else:
+        features = json.loads(body)["features"]
+        prediction = model.predict(model.array([model.values(features)]))[0]
+        out = json.dumps({"model": "higgs", "version": "1", "prediction": prediction}).encode()
+    # With its length (else chunked, and a second write waits on the client's delayed ACK).
+    headers = [*HEADERS, (b"content-length", str(len(out)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": out})
+
+
+if __name__ == "__main__":
+    # The inherited listening socket as a TCP socket (uvicorn's --fd takes any fd for a Unix
+    # socket, and asyncio then leaves Nagle on: 40 ms a response).
+    import socket
+    import uvicorn
+
+    config = uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning")
+    uvicorn.Server(config).run(sockets=[socket.socket(fileno=int(sys.argv[1]))])
 """
 
 LUA = """
@@ -200,6 +243,7 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
     parser.add_argument("--python", default=sys.executable, help="the Python the servers run in")
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--skip-raw", action="store_true", help="no run of the plain ASGI app (the request path's floor)")
     parser.add_argument(
         "--skip-native", action="store_true", help="no second tuned run with serving_engines [] (when an engine was chosen)"
     )
@@ -273,6 +317,32 @@ def main() -> None:
         tuned = serve("tuned", ["onedal"])
         native = serve("native", []) if rates["engine"] != "native" and not args.skip_native else None
 
+        raw = None
+        if not args.skip_raw:
+            (top / "rawapp.py").write_text(
+                f"SERVE_DIR = {str(SERVER.parent)!r}\nREGISTRY = {str(top / 'models')!r}\n" + textwrap.dedent(RAW_APP)
+            )
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(2048)
+            port = listener.getsockname()[1]
+            command = ["rawapp.py", str(listener.fileno())]
+            procs = [
+                subprocess.Popen(
+                    ["taskset", "-c", str(cpus[i % len(cpus)]), args.python, *command],
+                    cwd=top,
+                    env={**env, "OMP_NUM_THREADS": "1"},
+                    pass_fds=(listener.fileno(),),
+                )
+                for i in range(2)
+            ]
+            listener.close()
+            wait_http(f"http://127.0.0.1:{port}/readyz", procs)
+            time.sleep(2)  # both processes loaded (the first to answer is not the only one)
+            raw = measure("raw ASGI", f"http://127.0.0.1:{port}/v1/models/higgs/1/predict", script, args.runs, args.duration)
+            stop(procs)
+
         baseline = None
         if not args.skip_baseline:
             (top / "app.py").write_text(f"MODEL = {str(version / 'model.ubj')!r}\n" + textwrap.dedent(BASELINE_APP))
@@ -309,6 +379,11 @@ def main() -> None:
         )
         if native:
             print(f"tuned / tuned with serving_engines [] requests/s at 8 connections: {t8['rps'] / native[8]['rps']:.2f}x")
+        if raw:
+            print(
+                f"tuned / the plain ASGI app on the same predict path at 8 connections: {t8['rps'] / raw[8]['rps']:.2f}x "
+                "(what starlette's routing, the validation, the middleware and the metrics cost)"
+            )
         if baseline:
             print(f"tuned / baseline requests/s at 8 connections: {t8['rps'] / baseline[8]['rps']:.2f}x")
     finally:
