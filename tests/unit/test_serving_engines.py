@@ -86,7 +86,7 @@ def _rows() -> np.ndarray:
 def timed(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[float]]:
     """The measure answers these times (µs): native first, then each engine that matched."""
     times: dict[str, list[float]] = {"us": [100.0, 10.0]}
-    monkeypatch.setattr(engines, "_per_call_us", lambda predicts, row: times["us"][: len(predicts)])
+    monkeypatch.setattr(engines, "_per_call_us", lambda predicts, row, **_: times["us"][: len(predicts)])
     return times
 
 
@@ -200,6 +200,16 @@ def test_the_real_measure_times_native_and_the_engine_on_one_row(tmp_path: Path)
         assert e.predict_us < e.native_us * (1 - engines.MARGIN)
     else:
         assert e.name == "native" and "not 5% faster than native" in e.reason, e.reason
+
+
+def test_a_non_finite_value_on_one_side_only_is_a_mismatch() -> None:
+    native = np.array([0.5, np.nan, 2.0])
+    assert engines.mismatch(np, native, np.array([0.5, np.nan, 2.0]), "regression") is None
+    assert engines.mismatch(np, native, np.array([0.5, 1.0, 2.0]), "regression") == (
+        "it gives a non-finite value where native does not, or the other way round"
+    )
+    assert engines.mismatch(np, np.array([0.5, 1.0]), np.array([0.5, np.inf]), "regression") is not None
+    assert "differ from native by up to 0.1" in engines.mismatch(np, native, np.array([0.6, np.nan, 2.0]), "regression")
 
 
 @pytest.mark.parametrize(

@@ -542,6 +542,9 @@ def test_lru_eviction_under_a_small_budget_is_reported(padded: dict[str, Any], t
         assert server.metric("provisioner_serving_loaded_versions") == 2
         assert server.metric("provisioner_serving_cache_bytes") == doc["cache_bytes"]
         assert server.metric("provisioner_serving_cache_budget_bytes") == budget
+        # The predict-time gauge follows the cache: the evicted version's series is gone.
+        timed = {k[1] for k in server.metrics() if k[0] == "provisioner_serving_predict_seconds"}
+        assert {dict(labels)["version"] for labels in timed} == {"3", "2"}, timed
         predict("1")  # evicted versions come back on request
         assert loaded() == {"2", "1"}
     finally:

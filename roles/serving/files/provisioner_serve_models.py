@@ -322,6 +322,14 @@ def load_model(
     except Exception as exc:  # the framework's own predict works (above): it serves
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         model.engine = engines.Engine("native", None, None, f"engines not tried: {first[:200]}")
+    if model.predict_fn is not predict_fn:
+        del predict_fn, native  # an engine serves: the framework's model is garbage now
+    if meta.framework in engines.CANDIDATES and allowed:
+        # Engines were tried: the conversions' scratch and any engine that lost are garbage too.
+        # Free them before the version's bytes are read, or the cache counts them.
+        gc.collect()
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
     model.bytes = max(rss_bytes() - before, files_bytes(meta.dir))
     return model
 
