@@ -382,7 +382,7 @@ def main() -> None:
         if raw:
             print(
                 f"tuned / the plain ASGI app on the same predict path at 8 connections: {t8['rps'] / raw[8]['rps']:.2f}x "
-                "(what starlette's routing, the validation, the middleware and the metrics cost)"
+                "(what the routes, the checks and the metrics cost)"
             )
         if baseline:
             print(f"tuned / baseline requests/s at 8 connections: {t8['rps'] / baseline[8]['rps']:.2f}x")

@@ -447,6 +447,38 @@ def test_bad_requests_get_a_4xx_naming_the_problem_and_the_worker_keeps_serving(
     assert got == 200 and doc["prediction"] == same(shared["trained"][("reg", "1")].inplace_predict(as_array(good))[0])
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "error", "allow"),
+    [
+        ("GET", "/v1/models/reg/1/predict", 405, "GET /v1/models/reg/1/predict: Method Not Allowed", "POST"),
+        ("POST", "/healthz", 405, "POST /healthz: Method Not Allowed", "GET, HEAD"),
+        ("POST", "/v1/models/reg/1/explain", 404, "POST /v1/models/reg/1/explain: Not Found", None),
+        ("POST", "/v1/models/reg/1/predict/batch/x", 404, "POST /v1/models/reg/1/predict/batch/x: Not Found", None),
+        ("POST", "/v1/models//1/predict", 404, "POST /v1/models//1/predict: Not Found", None),
+        ("GET", "/v1/models/", 404, "GET /v1/models/: Not Found", None),
+    ],
+)
+def test_routes_answer_a_wrong_method_with_405_and_an_unknown_path_with_404_keeping_the_connection(
+    shared: dict[str, Any], method: str, path: str, status: int, error: str, allow: str | None
+) -> None:
+    """The request path has no framework: its routing says what starlette's said, and a body sent
+    with a refused request is read to its end, so the keep-alive connection serves the next one."""
+    server = shared["server"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        got, doc, response = call(server.port, method, path, {"features": row(6, 1)} if method == "POST" else None, conn=conn)
+        assert (got, doc) == (status, {"error": error})
+        assert response.getheader("allow") == allow
+        assert response.getheader("connection") != "close"
+        got, doc, _ = call(server.port, "POST", "/v1/models/reg/1/predict", {"features": row(6, 1)}, conn=conn)
+        assert got == 200 and "prediction" in doc
+        conn.request("HEAD", "/healthz")
+        head = conn.getresponse()
+        assert head.status == 200 and head.read() == b"" and int(head.getheader("content-length") or 0) > 0
+    finally:
+        conn.close()
+
+
 def test_a_corrupt_unlisted_version_is_refused_naming_its_file_and_others_keep_serving(shared: dict[str, Any]) -> None:
     server = shared["server"]
     errors_before = server.metric("provisioner_serving_model_loads_total", result="error")

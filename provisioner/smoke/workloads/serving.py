@@ -60,7 +60,7 @@ SIZES: dict[str, dict[str, Any]] = {
 
 
 # What the model server imports from the ML environment (the mlstack component serving).
-SERVING_MODULES = ("starlette", "uvicorn", "prometheus_client")
+SERVING_MODULES = ("uvicorn", "prometheus_client")
 
 
 def _serve_module(path: str):

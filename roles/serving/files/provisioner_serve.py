@@ -14,9 +14,11 @@ connections with `Connection: close` for a short period, then exits 0.
 The registry is REGISTRY/NAME/VERSION/metadata.json next to the model file(s); it is trusted
 input (root-owned, read-only to the service): scikit-learn models are joblib pickles.
 
-The HTTP layer is starlette on uvicorn, the metrics prometheus-client; what is written here is
-the product's own part: registry, model loading and sizing, the byte-budgeted LRU cache, input
-validation, and the socket, readiness and drain handling around uvicorn.
+The HTTP server is uvicorn (httptools, uvloop), the metrics prometheus-client; the app under
+uvicorn is a plain ASGI callable with no framework between the socket and predict (starlette's
+routing, request and response objects cost a quarter of the requests/s). What is written here is
+the product's own part: registry, model loading and sizing, the byte-budgeted LRU cache, routes
+and input validation, and the socket, readiness and drain handling around uvicorn.
 
 Its parts are the sibling modules next to this file, installed with it (provisioner_serve_*.py):
 _config (constants, errors, serving.json, the registry), _models (loading, predicting, --check),
@@ -41,7 +43,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from provisioner_serve_app import Cache, DiscardUnreadBody, Metrics, Worker, _no_constant  # noqa: E402
+from provisioner_serve_app import Cache, Exchange, Metrics, Worker, _no_constant  # noqa: E402
 from provisioner_serve_config import (  # noqa: E402
     _NUMBERS,
     BACKLOG,
@@ -117,7 +119,7 @@ __all__ = [
     "_PAGE",
     "BadInput",
     "Cache",
-    "DiscardUnreadBody",
+    "Exchange",
     "Metadata",
     "Metrics",
     "Model",
@@ -242,7 +244,6 @@ def main(argv: list[str] | None = None) -> int:
         set_affinity(spec["cpus"])
         for module, package in (
             ("numpy", "numpy"),
-            ("starlette", "starlette"),
             ("uvicorn", "uvicorn"),
             ("prometheus_client", "prometheus-client"),
         ):

@@ -1,5 +1,6 @@
 """The model server's worker: its metrics, its byte-budgeted LRU cache of loaded versions, and
-the HTTP app (starlette) with its input validation and the unread-body middleware.
+the HTTP app: a plain ASGI callable that uvicorn runs, with its routes, input validation and the
+handling of a body it leaves unread.
 """
 
 from __future__ import annotations
@@ -167,7 +168,14 @@ class Worker:
         self.ready = False
         self.draining = False
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._close_headers = {"connection": "close"}
+        self.discard_limit = max(DISCARD_BYTES, self.max_body)
+        self._gets: dict[str, Callable[[], tuple[int, Any]]] = {
+            "/healthz": self.healthz,
+            "/readyz": self.readyz,
+            "/v1/models": self.models,
+            "/metrics": self.metrics_text,
+        }
+        self._metrics_type = (b"content-type", self.metrics.prom.CONTENT_TYPE_LATEST.encode())
         import numpy
 
         self.np = numpy
@@ -239,59 +247,64 @@ class Worker:
         self._locks.pop(key, None)
         return model
 
-    # -- HTTP
+    # -- HTTP: a plain ASGI callable (uvicorn runs it); no framework between the socket and predict
 
-    def response(self, status: int, doc: Any) -> Any:
-        from starlette.responses import Response
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1003})
+            return
+        exchange = Exchange(scope, receive)
+        method = scope["method"]
+        path = scope["path"]
+        ctype = _JSON
+        if path.startswith("/v1/models/"):
+            parts = path[11:].split("/")
+            kind = (len(parts) == 3 and parts[2] == "predict") or (len(parts) == 4 and parts[2:] == ["predict", "batch"])
+            if not (kind and parts[0] and parts[1]):
+                code, payload = self.not_routed(method, path, 404)
+            elif method != "POST":
+                code, payload = self.not_routed(method, path, 405)
+            else:
+                code, payload = await self.predict(exchange, parts[0], parts[1], len(parts) == 4)
+        else:
+            handler = self._gets.get(path)
+            if handler is None:
+                code, payload = self.not_routed(method, path, 404)
+            elif method not in ("GET", "HEAD"):
+                code, payload = self.not_routed(method, path, 405)
+            else:
+                code, payload = handler()
+                if path == "/metrics":
+                    ctype = self._metrics_type
+        if type(payload) is not bytes:
+            payload = json.dumps(payload, separators=(",", ":")).encode()
+        headers = [ctype, (b"content-length", str(len(payload)).encode())]
+        kept = not exchange.unread or await exchange.discard(self.discard_limit)  # the body read to its end
+        if self.draining or not kept:
+            headers.append(_CLOSE)
+        if code == 405:
+            headers.append((b"allow", b"POST" if path.startswith("/v1/models/") else b"GET, HEAD"))
+        await send({"type": "http.response.start", "status": code, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
 
-        return Response(
-            json.dumps(doc, separators=(",", ":")),
-            status,
-            headers=self._close_headers if self.draining else None,
-            media_type="application/json",
-        )
+    def not_routed(self, method: str, path: str, code: int) -> tuple[int, Any]:
+        return code, {"error": f"{method} {path}: {'Not Found' if code == 404 else 'Method Not Allowed'}"}
 
-    async def body(self, request: Any) -> bytes:
-        length = request.headers.get("content-length")
-        if length is not None:
-            try:
-                size = int(length)
-            except ValueError:
-                raise RequestError(400, f"Content-Length {length!r} is not a number") from None
-            if size > self.max_body:
-                raise RequestError(413, f"body of {size} bytes is above max_body_bytes {self.max_body}")
-            return await request.body()
-        chunks = []
-        total = 0
-        async for chunk in request.stream():
-            total += len(chunk)
-            if total > self.max_body:
-                raise RequestError(413, f"body above max_body_bytes {self.max_body}")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    async def document(self, request: Any) -> Any:
-        raw = await self.body(request)
+    async def document(self, exchange: Exchange) -> Any:
+        raw = await exchange.body(self.max_body)
         try:
             return json.loads(raw, parse_constant=_no_constant)
         except ValueError as exc:
             raise RequestError(400, f"malformed JSON body: {exc}") from None
 
-    async def predict(self, request: Any) -> Any:
-        return await self._predict(request, batch=False)
-
-    async def predict_batch(self, request: Any) -> Any:
-        return await self._predict(request, batch=True)
-
-    async def _predict(self, request: Any, batch: bool) -> Any:
+    async def predict(self, exchange: Exchange, name: str, version: str, batch: bool) -> tuple[int, Any]:
         start = time.perf_counter()
-        params = request.path_params
-        name, version = params["name"], params["version"]
         label_model = label_version = ""
         try:
             model = await self.resolve(name, version)
             label_model, label_version = model.name, model.version
-            doc = await self.document(request)
+            doc = await self.document(exchange)
             if batch:
                 rows = self.batch_rows(model, doc)
                 result = {"model": model.name, "version": model.version, "predictions": model.predict(model.array(rows))}
@@ -308,9 +321,9 @@ class Worker:
         except Exception as exc:  # a framework error on this input: the worker keeps serving
             code = 500
             result = {"error": f"prediction failed: {type(exc).__name__}: {str(exc).strip()[:300]}"}
-        response = self.response(code, result)
+        payload = json.dumps(result, separators=(",", ":")).encode()
         self.metrics.request(label_model, label_version, code, time.perf_counter() - start if label_model else None)
-        return response
+        return code, payload
 
     def batch_rows(self, model: Model, doc: Any) -> list[list[Any]]:
         rows = doc.get("rows") if type(doc) is dict else None
@@ -345,16 +358,16 @@ class Worker:
                 raise RequestError(422, f"row {i}: non-numeric features: {_some(bad)} (numbers only)")
         return rows
 
-    async def healthz(self, request: Any) -> Any:
-        return self.response(200, {"status": "ok", "worker": self.index})
+    def healthz(self) -> tuple[int, Any]:
+        return 200, {"status": "ok", "worker": self.index}
 
-    async def readyz(self, request: Any) -> Any:
+    def readyz(self) -> tuple[int, Any]:
         if self.ready and not self.draining:
-            return self.response(200, {"status": "ready", "worker": self.index})
-        return self.response(503, {"status": "draining" if self.draining else "loading", "worker": self.index})
+            return 200, {"status": "ready", "worker": self.index}
+        return 503, {"status": "draining" if self.draining else "loading", "worker": self.index}
 
-    async def models(self, request: Any) -> Any:
-        return self.response(200, self.models_doc())
+    def models(self) -> tuple[int, Any]:
+        return 200, self.models_doc()
 
     def models_doc(self) -> dict[str, Any]:
         entries = []
@@ -398,97 +411,90 @@ class Worker:
             "models": entries,
         }
 
-    async def metrics_endpoint(self, request: Any) -> Any:
-        from starlette.responses import Response
+    def metrics_text(self) -> tuple[int, Any]:  # sent with Prometheus' content type
+        return 200, self.metrics.text()
 
-        return Response(
-            self.metrics.text(),
-            200,
-            headers=self._close_headers if self.draining else None,
-            media_type=self.metrics.prom.CONTENT_TYPE_LATEST,
-        )
-
-    async def not_found(self, request: Any, exc: Any) -> Any:
-        status = getattr(exc, "status_code", 404)
-        return self.response(status, {"error": f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}"})
-
-    def app(self) -> Any:
-        from starlette.applications import Starlette
-        from starlette.routing import Route
-
-        app = Starlette(
-            routes=[
-                Route("/v1/models/{name}/{version}/predict", self.predict, methods=["POST"]),
-                Route("/v1/models/{name}/{version}/predict/batch", self.predict_batch, methods=["POST"]),
-                Route("/healthz", self.healthz, methods=["GET"]),
-                Route("/readyz", self.readyz, methods=["GET"]),
-                Route("/v1/models", self.models, methods=["GET"]),
-                Route("/metrics", self.metrics_endpoint, methods=["GET"]),
-            ],
-            exception_handlers={404: self.not_found, 405: self.not_found},
-        )
-        return DiscardUnreadBody(app, max(DISCARD_BYTES, self.max_body))
+    def app(self) -> Worker:
+        """The ASGI app: the worker itself."""
+        return self
 
 
-class DiscardUnreadBody:
-    """ASGI middleware: before a response starts, the request body the app left unread is read
-    and thrown away (up to `limit` bytes and DISCARD_SECONDS), so a client that sends its whole
-    body before reading (no `Expect: 100-continue`: urllib, requests) gets the response instead
-    of a connection reset. A client that asked for 100 Continue and was not told to send gets
-    the response at once with `Connection: close`, as does a body larger than the limit."""
+_JSON = (b"content-type", b"application/json")
+_CLOSE = (b"connection", b"close")
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        try:
-            declared = int(length) if length is not None else None
-        except ValueError:
-            declared = None
-        chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
-        state = {
-            "unread": chunked or bool(declared),  # a body the app has not read to its end
-            "asked": False,  # the app called receive (so the server sent 100 Continue, if asked for)
-        }
-        expects = headers.get(b"expect", b"").lower() == b"100-continue"
+class Exchange:
+    """One request's body as the app reads it. A body the app leaves unread (a request refused
+    before its body is looked at) is read and thrown away before the response starts, up to a
+    limit and DISCARD_SECONDS, so a client that sends its whole body before reading (no
+    `Expect: 100-continue`: urllib, requests) gets the response instead of a connection reset.
+    A client that asked for 100 Continue and was not told to send gets the response at once with
+    `Connection: close`, as does a body larger than the limit."""
 
-        async def tracked_receive() -> Any:
-            state["asked"] = True
-            message = await receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                state["unread"] = False
-            return message
+    __slots__ = ("asked", "declared", "expects", "receive", "unread")
 
-        async def discarding_send(message: Any) -> None:
-            if message["type"] == "http.response.start" and state["unread"]:
-                state["unread"] = False
-                if not await self.discard(receive, declared, expects and not state["asked"]):
-                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
-            await send(message)
+    def __init__(self, scope: dict[str, Any], receive: Callable[[], Any]) -> None:
+        self.receive = receive
+        self.declared: int | None = None
+        self.expects = False
+        chunked = False
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                try:
+                    self.declared = int(value)
+                except ValueError:
+                    self.declared = -1
+            elif key == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif key == b"expect":
+                self.expects = value.lower() == b"100-continue"
+        self.unread = chunked or bool(self.declared)  # a body not read to its end
+        self.asked = False  # receive was called (so the server sent 100 Continue, if asked for)
 
-        await self.app(scope, tracked_receive, discarding_send)
+    async def message(self) -> Any:
+        self.asked = True
+        message = await self.receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.unread = False
+        return message
 
-    async def discard(self, receive: Callable[[], Any], declared: int | None, not_sent: bool) -> bool:
-        """True when the rest of the body was read (the connection stays usable)."""
-        if not_sent or (declared is not None and declared > self.limit):
+    async def body(self, limit: int) -> bytes:
+        declared = self.declared
+        if declared is not None:
+            if declared < 0:
+                raise RequestError(400, "Content-Length is not a number")
+            if declared > limit:
+                raise RequestError(413, f"body of {declared} bytes is above max_body_bytes {limit}")
+        chunks = []
+        total = 0
+        while True:
+            message = await self.message()
+            if message["type"] != "http.request":
+                raise RequestError(400, "the client went away before its body ended")
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > limit:
+                raise RequestError(413, f"body above max_body_bytes {limit}")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def discard(self, limit: int) -> bool:
+        """Read the rest of the body; True when it was read to its end (the connection stays usable)."""
+        self.unread = False
+        if (self.expects and not self.asked) or (self.declared is not None and self.declared > limit):
             return False
         read = 0
         try:
             async with asyncio.timeout(DISCARD_SECONDS):
                 while True:
-                    message = await receive()
+                    message = await self.receive()
                     if message["type"] != "http.request":
                         return False  # the client went away
                     read += len(message.get("body", b""))
                     if not message.get("more_body", False):
                         return True
-                    if read > self.limit:
+                    if read > limit:
                         return False
         except TimeoutError:
             return False

@@ -60,7 +60,7 @@ def test_without_wrk_the_serving_workload_is_skipped_naming_the_package(monkeypa
     assert serving.drive(None) == {"skipped": "wrk is not installed (the Debian package wrk; role common installs it)"}
 
 
-@pytest.mark.parametrize("absent", ["starlette", "uvicorn", "prometheus_client"])
+@pytest.mark.parametrize("absent", ["uvicorn", "prometheus_client"])
 def test_without_the_serving_component_the_serving_workload_is_skipped_naming_it(monkeypatch, absent):
     """The default stack (core, gbdt) has no HTTP layer: a skip naming the component, not a failure."""
     import importlib.util
