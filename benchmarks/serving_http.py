@@ -237,6 +237,43 @@ def measure(name: str, url: str, script: Path, runs: int, seconds: int) -> dict[
     return out
 
 
+def batches(port: int, path: str, repeats: int) -> None:
+    """Batch scoring through the server, one request at a time: .npy rows in and .npy predictions out,
+    .npy in and JSON out, and JSON rows in (what fits max_body_bytes); medians of REPEATS requests."""
+    import http.client
+    import io
+
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+
+    def post(body: bytes, ctype: str, accept: str) -> float:
+        start = time.perf_counter()
+        conn.request("POST", path, body=body, headers={"Content-Type": ctype, "Accept": accept})
+        response = conn.getresponse()
+        payload = response.read()
+        if response.status != 200:
+            sys.exit(f"batch request: {response.status} {payload[:300]!r}")
+        return time.perf_counter() - start
+
+    for n in (1_000, 100_000):
+        rows = rng.normal(size=(n, len(FEATURES))).astype(np.float32)
+        buffer = io.BytesIO()
+        np.save(buffer, rows)
+        raw = buffer.getvalue()
+        kinds = [("npy -> npy", raw, "application/x-npy", "application/x-npy"), ("npy -> JSON", raw, "application/x-npy", "*/*")]
+        if n <= 1_000:
+            kinds.append(("JSON -> JSON", json.dumps({"rows": rows.tolist()}).encode(), "application/json", "*/*"))
+        for name, body, ctype, accept in kinds:
+            post(body, ctype, accept)
+            seconds = statistics.median(post(body, ctype, accept) for _ in range(repeats))
+            print(
+                f"  batch {n:>7,d} rows {name:13s} {n / seconds:>11,.0f} rows/s ({len(body) / 1e6:.1f} MB in, {seconds * 1000:.1f} ms)"
+            )
+    conn.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="wrk runs per level (medians printed)")
@@ -294,7 +331,8 @@ def main() -> None:
             "cache_budget_bytes": 1 << 30,
             "models": "all",
             "max_body_bytes": 1 << 20,
-            "max_batch_rows": 10000,
+            "max_batch_rows": 100_000,
+            "max_batch_bytes": 64 << 20,
             "warmup_requests": 20,
         }
 
@@ -311,6 +349,7 @@ def main() -> None:
                 served = {m["name"]: m for m in json.load(r)["models"]}["higgs"]
             print(f"  {name}: worker 0 serves higgs/1 through {served['engine']} ({served['predict_us']} µs a row at load)")
             out = measure(name, f"http://127.0.0.1:{base}/v1/models/higgs/1/predict", script, args.runs, args.duration)
+            batches(base, "/v1/models/higgs/1/predict/batch", max(args.runs, 5))
             stop(procs)
             return out
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -123,6 +124,7 @@ def write_config(
     max_body: int = 65536,
     max_rows: int = 50,
     warmup: int = 20,
+    max_batch: int | None = None,
 ) -> dict[str, Any]:
     base = free_base(1 + workers)
     config = {
@@ -138,6 +140,8 @@ def write_config(
         "max_batch_rows": max_rows,
         "warmup_requests": warmup,
     }
+    if max_batch is not None:  # else the server's default (a config from before binary batches)
+        config["max_batch_bytes"] = max_batch
     path.write_text(json.dumps(config))
     return config
 
@@ -293,7 +297,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     (broken / "model.ubj").write_bytes(b"not a model at all\x00\x01")
     listed = [{"name": n, "version": v} for n, v in (("reg", "1"), ("clf", "1"), ("skl", "1"), ("lgb", "1"))]
     config_path = top / "serving.json"
-    config = write_config(config_path, registry, listed, max_body=4096, max_rows=50, warmup=200)
+    config = write_config(config_path, registry, listed, max_body=4096, max_rows=50, warmup=200, max_batch=8192)
 
     notify_dir = Path(tempfile.mkdtemp(prefix="pvn", dir="/tmp"))
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -477,6 +481,73 @@ def test_routes_answer_a_wrong_method_with_405_and_an_unknown_path_with_404_keep
         assert head.status == 200 and head.read() == b"" and int(head.getheader("content-length") or 0) > 0
     finally:
         conn.close()
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def call_npy(port: int, path: str, body: bytes, accept: str | None = None) -> tuple[int, Any, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = {"Content-Type": "application/x-npy", **({"Accept": accept} if accept else {})}
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        payload = response.read()
+    finally:
+        conn.close()
+    ctype = response.getheader("content-type", "")
+    if ctype == "application/x-npy":
+        return response.status, np.load(io.BytesIO(payload), allow_pickle=False), ctype
+    return response.status, json.loads(payload), ctype
+
+
+def test_a_npy_batch_is_predicted_as_the_json_rows_are_and_answered_as_npy_when_accepted(shared: dict[str, Any]) -> None:
+    server = shared["server"]
+    rng = np.random.default_rng(7)
+    rows = rng.normal(size=(50, 6)).astype(np.float32)
+    want = shared["trained"][("reg", "1")].inplace_predict(rows)
+    got, doc, ctype = call_npy(server.port, "/v1/models/reg/1/predict/batch", npy(rows))
+    assert (got, ctype) == (200, "application/json") and doc["model"] == "reg" and doc["version"] == "1"
+    assert doc["predictions"] == [same(float(v)) for v in want]
+    # float64 and integer arrays, Fortran order: converted to the float32 rows the JSON path builds
+    for other in (rows.astype(np.float64), np.asfortranarray(rows), np.rint(rows * 10).astype(np.int64)):
+        got, doc, _ = call_npy(server.port, "/v1/models/reg/1/predict/batch", npy(other))
+        expected = shared["trained"][("reg", "1")].inplace_predict(other.astype(np.float32))
+        assert got == 200 and doc["predictions"] == [same(float(v)) for v in expected]
+    got, out, ctype = call_npy(server.port, "/v1/models/clf/1/predict/batch", npy(rows), accept="application/x-npy")
+    assert (got, ctype, out.dtype, out.shape) == (200, "application/x-npy", np.float64, (50,))
+    positive = shared["trained"][("clf", "1")].inplace_predict(rows)
+    assert out.tolist() == [same(float(v)) for v in positive]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"\x93NUMPY garbage", 400, ["not a .npy array"]),
+        (b'{"rows": [[1.0]]}', 400, ["not a .npy array"]),
+        (npy(np.array([[object()] * 6], dtype=object)), 400, ["not a .npy array", "allow_pickle"]),
+        (npy(np.zeros((3, 5), dtype=np.float32)), 422, ["shape (3, 5)", "reg/1 takes rows x 6 features", "f0"]),
+        (npy(np.zeros(6, dtype=np.float32)), 422, ["shape (6,)"]),
+        (npy(np.zeros((0, 6), dtype=np.float32)), 422, ["no rows"]),
+        (npy(np.zeros((2, 6), dtype=bool)), 422, ["dtype is bool"]),
+        (npy(np.full((2, 6), 1e300)), 422, ["out of range for float32"]),
+        (npy(np.zeros((51, 6), dtype=np.float32)), 413, ["51 rows are above max_batch_rows 50"]),
+        (npy(np.zeros((400, 6))), 413, ["above max_batch_bytes 8192"]),
+    ],
+)
+def test_a_bad_npy_batch_gets_a_4xx_naming_the_problem_and_the_worker_keeps_serving(
+    shared: dict[str, Any], body: bytes, status: int, words: list[str]
+) -> None:
+    server = shared["server"]
+    got, doc, _ = call_npy(server.port, "/v1/models/reg/1/predict/batch", body)
+    assert got == status, doc
+    for word in words:
+        assert word in doc["error"]
+    got, doc, _ = call_npy(server.port, "/v1/models/reg/1/predict/batch", npy(np.ones((2, 6), dtype=np.float32)))
+    assert got == 200 and len(doc["predictions"]) == 2
 
 
 def test_a_corrupt_unlisted_version_is_refused_naming_its_file_and_others_keep_serving(shared: dict[str, Any]) -> None:

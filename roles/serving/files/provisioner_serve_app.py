@@ -19,6 +19,7 @@ from provisioner_serve_config import (
     DISCARD_BYTES,
     DISCARD_SECONDS,
     LATENCY_BUCKETS,
+    NPY,
     BadInput,
     ModelError,
     Registry,
@@ -162,13 +163,15 @@ class Worker:
         self.registry = Registry(config["registry"])
         self.max_body: int = config["max_body_bytes"]
         self.max_rows: int = config["max_batch_rows"]
+        self.max_batch: int = config["max_batch_bytes"]
+        self._batch_turn = asyncio.Semaphore(1)  # one .npy batch body in memory at a time
         self.metrics = Metrics(index, config["cache_budget_bytes"])
         self.cache = Cache(config["cache_budget_bytes"], self.metrics)
         self.listed: set[tuple[str, str]] = set()
         self.ready = False
         self.draining = False
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self.discard_limit = max(DISCARD_BYTES, self.max_body)
+        self.discard_limit = max(DISCARD_BYTES, self.max_body, self.max_batch)
         self._gets: dict[str, Callable[[], tuple[int, Any]]] = {
             "/healthz": self.healthz,
             "/readyz": self.readyz,
@@ -265,6 +268,8 @@ class Worker:
                 code, payload = self.not_routed(method, path, 404)
             elif method != "POST":
                 code, payload = self.not_routed(method, path, 405)
+            elif len(parts) == 4 and exchange.ctype == NPY:
+                code, payload, ctype = await self.predict_npy(exchange, parts[0], parts[1])
             else:
                 code, payload = await self.predict(exchange, parts[0], parts[1], len(parts) == 4)
         else:
@@ -292,7 +297,7 @@ class Worker:
         return code, {"error": f"{method} {path}: {'Not Found' if code == 404 else 'Method Not Allowed'}"}
 
     async def document(self, exchange: Exchange) -> Any:
-        raw = await exchange.body(self.max_body)
+        raw = await exchange.body(self.max_body, "max_body_bytes")
         try:
             return json.loads(raw, parse_constant=_no_constant)
         except ValueError as exc:
@@ -324,6 +329,39 @@ class Worker:
         payload = json.dumps(result, separators=(",", ":")).encode()
         self.metrics.request(label_model, label_version, code, time.perf_counter() - start if label_model else None)
         return code, payload
+
+    async def predict_npy(self, exchange: Exchange, name: str, version: str) -> tuple[int, bytes, tuple[bytes, bytes]]:
+        """A batch as .npy rows (up to max_batch_bytes, one body at a time per worker): the answer is
+        .npy when the client accepts it, else the JSON of the other batch requests."""
+        start = time.perf_counter()
+        label_model = label_version = ""
+        ctype = _JSON
+        try:
+            model = await self.resolve(name, version)
+            label_model, label_version = model.name, model.version
+            async with self._batch_turn:
+                raw = await exchange.body(self.max_batch, "max_batch_bytes")
+                rows = model.npy_rows(raw, self.max_rows)
+                del raw
+                out = model.predict_array(rows)
+                del rows
+            if exchange.accepts_npy:
+                import io
+
+                buffer = io.BytesIO()
+                self.np.lib.format.write_array(buffer, out, allow_pickle=False)
+                payload, ctype = buffer.getvalue(), _NPY_TYPE
+            else:
+                doc = {"model": model.name, "version": model.version, "predictions": out.tolist()}
+                payload = json.dumps(doc, separators=(",", ":")).encode()
+            code = 200
+        except RequestError as exc:
+            code, payload = exc.status, json.dumps({"error": str(exc)}).encode()
+        except Exception as exc:  # a framework error on this input: the worker keeps serving
+            code = 500
+            payload = json.dumps({"error": f"prediction failed: {type(exc).__name__}: {str(exc).strip()[:300]}"}).encode()
+        self.metrics.request(label_model, label_version, code, time.perf_counter() - start if label_model else None)
+        return code, payload, ctype
 
     def batch_rows(self, model: Model, doc: Any) -> list[list[Any]]:
         rows = doc.get("rows") if type(doc) is dict else None
@@ -420,6 +458,7 @@ class Worker:
 
 
 _JSON = (b"content-type", b"application/json")
+_NPY_TYPE = (b"content-type", NPY)
 _CLOSE = (b"connection", b"close")
 
 
@@ -431,12 +470,14 @@ class Exchange:
     A client that asked for 100 Continue and was not told to send gets the response at once with
     `Connection: close`, as does a body larger than the limit."""
 
-    __slots__ = ("asked", "declared", "expects", "receive", "unread")
+    __slots__ = ("accepts_npy", "asked", "ctype", "declared", "expects", "receive", "unread")
 
     def __init__(self, scope: dict[str, Any], receive: Callable[[], Any]) -> None:
         self.receive = receive
         self.declared: int | None = None
         self.expects = False
+        self.ctype = b""
+        self.accepts_npy = False
         chunked = False
         for key, value in scope["headers"]:
             if key == b"content-length":
@@ -448,6 +489,10 @@ class Exchange:
                 chunked = b"chunked" in value.lower()
             elif key == b"expect":
                 self.expects = value.lower() == b"100-continue"
+            elif key == b"content-type":
+                self.ctype = value.split(b";", 1)[0].strip().lower()
+            elif key == b"accept":
+                self.accepts_npy = NPY in value.lower()
         self.unread = chunked or bool(self.declared)  # a body not read to its end
         self.asked = False  # receive was called (so the server sent 100 Continue, if asked for)
 
@@ -458,13 +503,13 @@ class Exchange:
             self.unread = False
         return message
 
-    async def body(self, limit: int) -> bytes:
+    async def body(self, limit: int, option: str) -> bytes:
         declared = self.declared
         if declared is not None:
             if declared < 0:
                 raise RequestError(400, "Content-Length is not a number")
             if declared > limit:
-                raise RequestError(413, f"body of {declared} bytes is above max_body_bytes {limit}")
+                raise RequestError(413, f"body of {declared} bytes is above {option} {limit}")
         chunks = []
         total = 0
         while True:
@@ -474,7 +519,7 @@ class Exchange:
             chunk = message.get("body", b"")
             total += len(chunk)
             if total > limit:
-                raise RequestError(413, f"body above max_body_bytes {limit}")
+                raise RequestError(413, f"body above {option} {limit}")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from provisioner_serve_engines import KNOWN as ENGINES  # the engines the role's option lists
+
 EXIT_BAD = 2
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 TASKS = ("regression", "classification")
@@ -45,7 +47,8 @@ SD_LISTEN_FDS_START = 3
 DISCARD_BYTES = 64 << 20
 DISCARD_SECONDS = 30.0
 _NUMBERS = frozenset((int, float))
-ENGINES = ("onedal",)  # provisioner_serve_engines.KNOWN, which the role's option lists
+MAX_BATCH_BYTES = 64 << 20
+NPY = b"application/x-npy"  # a batch as NumPy's .npy (rows x features), and its answer when accepted
 
 
 class BadInput(Exception):
@@ -105,6 +108,9 @@ def load_config(path: str) -> dict[str, Any]:
     _int(doc, "cache_budget_bytes", path, 1)
     _int(doc, "max_body_bytes", path, 1)
     _int(doc, "max_batch_rows", path, 1)
+    # The largest .npy batch body; a config written before binary batches allows 64 MiB.
+    doc.setdefault("max_batch_bytes", MAX_BATCH_BYTES)
+    _int(doc, "max_batch_bytes", path, 1)
     _int(doc, "warmup_requests", path, 0)
     # The predictor engines that may take a tree ensemble over (provisioner_serve_engines);
     # a config written before they existed allows every one.

@@ -232,16 +232,43 @@ class Model:
 
     def predict(self, rows: Any) -> list[Any]:
         """Rows (a float32 array, n columns) -> one float, or a list of floats, per row."""
-        out = self.np.asarray(self.predict_fn(rows))
-        if out.ndim == 2 and out.shape[1] == 1:
-            out = out[:, 0]
-        elif out.ndim == 2 and out.shape[1] == 2 and self.task == "classification":
-            out = out[:, 1]  # binary: the positive class's probability
+        return self.predict_array(rows).tolist()
+
+    def predict_array(self, rows: Any) -> Any:
+        """Rows -> a float64 array: one value per row, or one per class (engines.normalized)."""
+        out = engines.normalized(self.np, self.predict_fn(rows), self.task)
         if out.ndim not in (1, 2) or out.shape[0] != rows.shape[0]:
             raise ValueError(f"the model returned shape {out.shape} for {rows.shape[0]} rows")
-        if out.dtype.kind != "f":
-            out = out.astype(self.np.float64)
-        return out.tolist()
+        return out
+
+    def npy_rows(self, raw: bytes, max_rows: int) -> Any:
+        """A .npy body (rows x features in the version's order, numbers) as a float32 array; 4xx naming what is wrong."""
+        import io
+
+        np = self.np
+        try:
+            rows = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
+        except Exception as exc:  # numpy says what is wrong with the header or the data
+            raise RequestError(400, f"the body is not a .npy array: {str(exc).strip()[:200]}") from None
+        if rows.dtype.kind not in "fiu":
+            raise RequestError(422, f"the array's dtype is {rows.dtype}, not numbers")
+        if rows.ndim != 2 or rows.shape[1] != self.n:
+            raise RequestError(
+                422,
+                f"an array of shape {rows.shape}, but {self.name}/{self.version} takes rows x {self.n} features "
+                f"in order: {_some(self.features, 5)}",
+            )
+        if rows.shape[0] == 0:
+            raise RequestError(422, "the array has no rows")
+        if rows.shape[0] > max_rows:
+            raise RequestError(413, f"{rows.shape[0]} rows are above max_batch_rows {max_rows}")
+        if rows.dtype == np.float32 and rows.flags.c_contiguous:
+            return rows
+        try:
+            with np.errstate(over="raise", invalid="raise"):
+                return np.ascontiguousarray(rows, dtype=np.float32)
+        except FloatingPointError:
+            raise RequestError(422, "features out of range for float32") from None
 
     def values(self, mapping: dict[str, Any], where: str = "") -> list[Any]:
         """One row by feature name, in the model's order; 422 naming what is wrong."""
