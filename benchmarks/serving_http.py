@@ -1,6 +1,6 @@
 """The model server over HTTP on this machine, tuned against the naive baseline; prints medians.
 
-    flock /tmp/provisioner-heavy.lock .venv/bin/python benchmarks/serving_http.py [--runs 3] [--duration 5]
+    flock /tmp/provisioner-heavy.lock .venv/bin/python benchmarks/serving_http.py [--runs 3] [--duration 5] [--peers]
 
 Trains a 200-tree XGBoost model on 28 features, puts it in a throwaway registry, and drives
 with wrk (Debian's package; a POST Lua script, one wrk thread) at 1, 8 and 32 connections:
@@ -12,6 +12,12 @@ with wrk (Debian's package; a POST Lua script, one wrk thread) at 1, 8 and 32 co
 - native: the same with serving_engines [] (run only when an engine was chosen);
 - baseline: one uvicorn process with the libraries' default threads (a FastAPI endpoint
   with a pydantic body, run in Starlette's thread pool, XGBoost with its default nthread).
+- with --peers: what a user would pick instead, each in a throwaway virtualenv of its own
+  (created under --peers-dir on first use, reused after): MLflow's scorer (`mlflow models serve`
+  of the same booster saved with mlflow.xgboost, --env-manager local, its default workers) and a
+  BentoML service (`bentoml serve`, its defaults) around the same booster; and the bare ASGI
+  callable under granian (a Rust HTTP server) and with orjson, to see whether either would move
+  the request path's floor.
 
 Prints requests/s, p50/p99 and errors per level (medians over --runs), and the in-process
 single-row predict rate (XGBoost's inplace_predict, the server's native predict call and the
@@ -34,6 +40,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -150,6 +157,44 @@ if __name__ == "__main__":
     uvicorn.Server(config).run(sockets=[socket.socket(fileno=int(sys.argv[1]))])
 """
 
+# MLflow's scorer: the same booster saved as an MLflow model (its flavor; the scorer loads it as a pyfunc).
+MLFLOW_SAVE = """
+import sys
+import mlflow.xgboost, xgboost as xgb
+booster = xgb.Booster()
+booster.load_model(sys.argv[1])
+mlflow.xgboost.save_model(booster, sys.argv[2])
+"""
+
+# A BentoML service as its docs write one: the booster loaded once, a JSON API taking the row by name.
+BENTO_SERVICE = """
+import bentoml
+import numpy as np
+import xgboost as xgb
+
+FEATURES = [f"f{i}" for i in range(28)]
+
+
+@bentoml.service
+class Higgs:
+    def __init__(self) -> None:
+        self.booster = xgb.Booster()
+        self.booster.load_model(MODEL)
+
+    @bentoml.api
+    def predict(self, features: dict[str, float]) -> dict:
+        x = np.array([[features[f] for f in FEATURES]], dtype=np.float32)
+        return {"prediction": float(self.booster.inplace_predict(x)[0])}
+"""
+
+# The bare callable with orjson for the body and the answer (where the environment has it).
+ORJSON_APP = (
+    RAW_APP.replace("import json, sys", "import sys\nimport orjson")
+    .replace("json.loads(body)", "orjson.loads(body)")
+    .replace("json.dumps({", "orjson.dumps({")
+    .replace("}).encode()", "})")
+)
+
 LUA = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -237,6 +282,39 @@ def measure(name: str, url: str, script: Path, runs: int, seconds: int) -> dict[
     return out
 
 
+def peer_env(env: Path, packages: list[str]) -> Path:
+    """A throwaway virtualenv with PACKAGES (pip's newest), made once and reused."""
+    marker = env / ".complete"
+    if not marker.exists():
+        shutil.rmtree(env, ignore_errors=True)
+        print(f"  installing {' '.join(packages)} into {env} (once)", flush=True)
+        subprocess.run([shutil.which("python3") or sys.executable, "-m", "venv", str(env)], check=True)
+        subprocess.run([str(env / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", *packages], check=True)
+        marker.write_text(" ".join(packages) + "\n")
+    return env
+
+
+def peer_packages(target: Path, python: str, packages: list[str]) -> Path:
+    """PACKAGES installed for PYTHON into a directory of their own (put on PYTHONPATH), made once."""
+    marker = target / ".complete"
+    if not marker.exists():
+        shutil.rmtree(target, ignore_errors=True)
+        subprocess.run(
+            [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--target", str(target), *packages], check=True
+        )
+        marker.write_text(" ".join(packages) + "\n")
+    return target
+
+
+def post_once(url: str, body: str) -> str:
+    request = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return f"{r.status} {r.read()[:120].decode()}"
+    except urllib.error.HTTPError as e:
+        sys.exit(f"{url}: {e.code} {e.read()[:300]!r}")
+
+
 def batches(port: int, path: str, repeats: int) -> None:
     """Batch scoring through the server, one request at a time: .npy rows in and .npy predictions out,
     .npy in and JSON out, and JSON rows in (what fits max_body_bytes); medians of REPEATS requests."""
@@ -281,6 +359,12 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="the Python the servers run in")
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--skip-raw", action="store_true", help="no run of the plain ASGI app (the request path's floor)")
+    parser.add_argument(
+        "--peers", action="store_true", help="also MLflow's scorer, BentoML, and the bare app under granian and with orjson"
+    )
+    parser.add_argument(
+        "--peers-dir", default="/var/cache/provisioner/bench-peers", help="where --peers keeps its throwaway environments"
+    )
     parser.add_argument(
         "--skip-native", action="store_true", help="no second tuned run with serving_engines [] (when an engine was chosen)"
     )
@@ -356,10 +440,11 @@ def main() -> None:
         tuned = serve("tuned", ["onedal"])
         native = serve("native", []) if rates["engine"] != "native" and not args.skip_native else None
 
-        raw = None
-        if not args.skip_raw:
+        def floor(label: str, app: str, extra: dict[str, str]) -> dict[int, dict[str, float]]:
+            """A bare ASGI app as two uvicorn processes, each pinned to its CPU, on one inherited socket."""
+            nonlocal procs
             (top / "rawapp.py").write_text(
-                f"SERVE_DIR = {str(SERVER.parent)!r}\nREGISTRY = {str(top / 'models')!r}\n" + textwrap.dedent(RAW_APP)
+                f"SERVE_DIR = {str(SERVER.parent)!r}\nREGISTRY = {str(top / 'models')!r}\n" + textwrap.dedent(app)
             )
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -371,7 +456,7 @@ def main() -> None:
                 subprocess.Popen(
                     ["taskset", "-c", str(cpus[i % len(cpus)]), args.python, *command],
                     cwd=top,
-                    env={**env, "OMP_NUM_THREADS": "1"},
+                    env={**env, "OMP_NUM_THREADS": "1", **extra},
                     pass_fds=(listener.fileno(),),
                 )
                 for i in range(2)
@@ -379,7 +464,109 @@ def main() -> None:
             listener.close()
             wait_http(f"http://127.0.0.1:{port}/readyz", procs)
             time.sleep(2)  # both processes loaded (the first to answer is not the only one)
-            raw = measure("raw ASGI", f"http://127.0.0.1:{port}/v1/models/higgs/1/predict", script, args.runs, args.duration)
+            out = measure(label, f"http://127.0.0.1:{port}/v1/models/higgs/1/predict", script, args.runs, args.duration)
+            stop(procs)
+            return out
+
+        raw = floor("raw ASGI", RAW_APP, {}) if not args.skip_raw else None
+
+        peers: dict[str, dict[int, dict[str, float]]] = {}
+        if args.peers:
+            plain = {k: v for k, v in env.items() if not k.endswith("_NUM_THREADS")}
+            peers_dir = Path(args.peers_dir)
+            # granian and orjson for the Python the servers run in, beside its own packages
+            extra = peer_packages(peers_dir / "floor", args.python, ["granian", "orjson"])
+            peers["raw orjson"] = floor("raw orjson", ORJSON_APP, {"PYTHONPATH": str(extra)})
+            (top / "rawapp.py").write_text(
+                f"SERVE_DIR = {str(SERVER.parent)!r}\nREGISTRY = {str(top / 'models')!r}\n" + textwrap.dedent(RAW_APP)
+            )
+            port = free_base(1)
+            procs = [
+                subprocess.Popen(
+                    [
+                        args.python,
+                        "-m",
+                        "granian",
+                        "--interface",
+                        "asgi",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--workers",
+                        "2",
+                        "--log-level",
+                        "warning",
+                        "rawapp:app",
+                    ],
+                    cwd=top,
+                    env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(extra)},
+                )
+            ]
+            wait_http(f"http://127.0.0.1:{port}/readyz", procs)
+            time.sleep(2)
+            peers["raw granian"] = measure(
+                "raw granian", f"http://127.0.0.1:{port}/v1/models/higgs/1/predict", script, args.runs, args.duration
+            )
+            stop(procs)
+
+            mlflow = peer_env(peers_dir / "mlflow", ["mlflow", "xgboost-cpu"])
+            subprocess.run(
+                [str(mlflow / "bin" / "python"), "-c", MLFLOW_SAVE, str(version / "model.ubj"), str(top / "mlflow-model")],
+                check=True,
+                env=plain,
+            )
+            port = free_base(1)
+            procs = [
+                subprocess.Popen(
+                    [
+                        str(mlflow / "bin" / "mlflow"),
+                        "models",
+                        "serve",
+                        "-m",
+                        str(top / "mlflow-model"),
+                        "--env-manager",
+                        "local",
+                        "-h",
+                        "127.0.0.1",
+                        "-p",
+                        str(port),
+                    ],
+                    cwd=top,
+                    env={**plain, "PATH": f"{mlflow / 'bin'}:{plain.get('PATH', '/usr/bin:/bin')}"},  # it runs uvicorn by name
+                )
+            ]
+            wait_http(f"http://127.0.0.1:{port}/ping", procs, timeout=300)
+            values = json.loads(body)["features"]
+            mlbody = json.dumps({"dataframe_split": {"columns": FEATURES, "data": [[values[f] for f in FEATURES]]}})
+            mlscript = top / "mlflow.lua"
+            mlscript.write_text(LUA.format(body=mlbody))
+            url = f"http://127.0.0.1:{port}/invocations"
+            print(f"  mlflow answers: {post_once(url, mlbody)}")
+            peers["mlflow"] = measure("mlflow", url, mlscript, args.runs, args.duration)
+            stop(procs)
+
+            bento = peer_env(peers_dir / "bentoml", ["bentoml", "xgboost-cpu"])
+            (top / "bento").mkdir()
+            (top / "bento" / "service.py").write_text(
+                f"MODEL = {str(version / 'model.ubj')!r}\n" + textwrap.dedent(BENTO_SERVICE)
+            )
+            port = free_base(1)
+            procs = [
+                subprocess.Popen(
+                    [str(bento / "bin" / "bentoml"), "serve", "service:Higgs", "--host", "127.0.0.1", "--port", str(port)],
+                    cwd=top / "bento",
+                    env={
+                        **plain,
+                        "BENTOML_DO_NOT_TRACK": "true",
+                        "PATH": f"{bento / 'bin'}:{plain.get('PATH', '/usr/bin:/bin')}",
+                    },
+                )
+            ]
+            wait_http(f"http://127.0.0.1:{port}/readyz", procs, timeout=300)
+            url = f"http://127.0.0.1:{port}/predict"
+            print(f"  bentoml answers: {post_once(url, body)}")
+            peers["bentoml"] = measure("bentoml", url, script, args.runs, args.duration)
             stop(procs)
 
         baseline = None
@@ -425,6 +612,11 @@ def main() -> None:
             )
         if baseline:
             print(f"tuned / baseline requests/s at 8 connections: {t8['rps'] / baseline[8]['rps']:.2f}x")
+        for name, peer in peers.items():
+            print(
+                f"tuned / {name} requests/s at 1, 8, 32 connections: "
+                + ", ".join(f"{tuned[c]['rps'] / peer[c]['rps']:.2f}x" for c in LEVELS)
+            )
     finally:
         stop(procs)
         shutil.rmtree(top, ignore_errors=True)
