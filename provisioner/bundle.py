@@ -72,7 +72,8 @@ DEFAULT_REQUIREMENTS: dict[str, list[str]] = {
     "torch": ["torch==2.13.0+cpu"],
     "hpo": ["optuna"],
     "distributed": ["ray[tune]"],
-    "serving": ["fastapi", "uvicorn[standard]", "prometheus-client"],
+    # orjson: the model server's JSON (a quarter more requests/s than the standard library's).
+    "serving": ["fastapi", "uvicorn[standard]", "prometheus-client", "orjson"],
     # The CPU-only TensorFlow build (oneDNN inside); plain tensorflow is the same code with GPU support.
     "tensorflow": ["tensorflow-cpu"],
     "notebook": ["jupyterlab", "ipykernel"],

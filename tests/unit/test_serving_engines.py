@@ -238,3 +238,33 @@ def test_the_config_takes_only_known_engines(tmp_path: Path, value: Any, ok: boo
     else:
         with pytest.raises(serve.BadInput, match=r"engines must be a list of onedal \(or \[\] for the frameworks' own predict\)"):
             serve.load_config(str(path))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"features": {"a": 1.5, "b": -2, "c": 1e-7, "d": 12345678901234567890}}',
+        b'{"rows": [[0.1, 0.2], [3, 4]]}',
+        b'{"features": {"a": NaN}}',
+        b'{"features": {"a": -Infinity}}',
+        b'{"features": {"a": 1.0,',
+        b"[1, 2]",
+        b"",
+    ],
+)
+def test_the_servers_json_reads_and_refuses_what_the_standard_library_does(raw: bytes) -> None:
+    """orjson parses the bodies (where installed); what it refuses, the standard library reads again
+    for its message: NaN and Infinity are refused naming them, an integer beyond 64 bits is read."""
+    app = sys.modules["provisioner_serve_app"]
+    assert app.loads is not app._stdlib_loads, "orjson is a test dependency: the fast path is the one under test"
+    try:
+        want: Any = app._stdlib_loads(raw)
+    except ValueError as exc:
+        want = f"error: {exc}"
+    try:
+        got: Any = app.loads(raw)
+    except ValueError as exc:
+        got = f"error: {exc}"
+    assert got == want
+    doc = {"model": "m", "version": "1", "predictions": [0.1, 1e-300, 123456789.123, [0.25, 0.75]]}
+    assert app.dumps(doc) == app._stdlib_dumps(doc)
