@@ -79,6 +79,11 @@ BAD_INPUT = [
         "serving memory: need 0 < serving_cache_budget_bytes",
     ),
     (
+        {"serving_enabled": True, "serving_max_batch_bytes": 400_000_000},
+        "Check a .npy batch fits beside the cache",
+        "serving memory: a .npy batch takes up to twice serving_max_batch_bytes (400000000)",
+    ),
+    (
         {"serving_enabled": True, "serving_registry": "/etc"},
         "Check serving_registry",
         "serving_registry must be an absolute directory of its own",

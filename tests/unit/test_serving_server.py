@@ -459,13 +459,14 @@ def test_bad_requests_get_a_4xx_naming_the_problem_and_the_worker_keeps_serving(
         ("POST", "/v1/models/reg/1/explain", 404, "POST /v1/models/reg/1/explain: Not Found", None),
         ("POST", "/v1/models/reg/1/predict/batch/x", 404, "POST /v1/models/reg/1/predict/batch/x: Not Found", None),
         ("POST", "/v1/models//1/predict", 404, "POST /v1/models//1/predict: Not Found", None),
-        ("GET", "/v1/models/", 404, "GET /v1/models/: Not Found", None),
+        ("GET", "/nothing/", 404, "GET /nothing: Not Found", None),
     ],
 )
 def test_routes_answer_a_wrong_method_with_405_and_an_unknown_path_with_404_keeping_the_connection(
     shared: dict[str, Any], method: str, path: str, status: int, error: str, allow: str | None
 ) -> None:
-    """The request path has no framework: its routing says what starlette's said, and a body sent
+    """The request path has no framework: its routing answers as starlette's did (405 now with
+    Allow; a trailing slash is the path without it, where starlette redirected), and a body sent
     with a refused request is read to its end, so the keep-alive connection serves the next one."""
     server = shared["server"]
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
@@ -479,6 +480,8 @@ def test_routes_answer_a_wrong_method_with_405_and_an_unknown_path_with_404_keep
         conn.request("HEAD", "/healthz")
         head = conn.getresponse()
         assert head.status == 200 and head.read() == b"" and int(head.getheader("content-length") or 0) > 0
+        got, doc, _ = call(server.port, "GET", "/healthz/", conn=conn)
+        assert (got, doc) == (200, {"status": "ok", "worker": 0})
     finally:
         conn.close()
 
@@ -528,7 +531,7 @@ def test_a_npy_batch_is_predicted_as_the_json_rows_are_and_answered_as_npy_when_
     [
         (b"\x93NUMPY garbage", 400, ["not a .npy array"]),
         (b'{"rows": [[1.0]]}', 400, ["not a .npy array"]),
-        (npy(np.array([[object()] * 6], dtype=object)), 400, ["not a .npy array", "allow_pickle"]),
+        (npy(np.array([[object()] * 6], dtype=object)), 422, ["dtype is object"]),  # a pickle: never read
         (npy(np.zeros((3, 5), dtype=np.float32)), 422, ["shape (3, 5)", "reg/1 takes rows x 6 features", "f0"]),
         (npy(np.zeros(6, dtype=np.float32)), 422, ["shape (6,)"]),
         (npy(np.zeros((0, 6), dtype=np.float32)), 422, ["no rows"]),
@@ -536,6 +539,10 @@ def test_a_npy_batch_is_predicted_as_the_json_rows_are_and_answered_as_npy_when_
         (npy(np.full((2, 6), 1e300)), 422, ["out of range for float32"]),
         (npy(np.zeros((51, 6), dtype=np.float32)), 413, ["51 rows are above max_batch_rows 50"]),
         (npy(np.zeros((400, 6))), 413, ["above max_batch_bytes 8192"]),
+        # the header is checked against the body before any array is made
+        (npy(np.zeros((2, 6), dtype=np.float32))[:-4], 400, ["the body has", "its .npy header declares"]),
+        (npy(np.zeros((2, 6), dtype=np.float32)) + b"tail", 400, ["the body has", "its .npy header declares"]),
+        (npy(np.zeros((2, 6), dtype=np.float32)).replace(b"(2, 6)", b"(9, 6)"), 400, ["its .npy header declares"]),
     ],
 )
 def test_a_bad_npy_batch_gets_a_4xx_naming_the_problem_and_the_worker_keeps_serving(
@@ -548,6 +555,53 @@ def test_a_bad_npy_batch_gets_a_4xx_naming_the_problem_and_the_worker_keeps_serv
         assert word in doc["error"]
     got, doc, _ = call_npy(server.port, "/v1/models/reg/1/predict/batch", npy(np.ones((2, 6), dtype=np.float32)))
     assert got == 200 and len(doc["predictions"]) == 2
+
+
+def test_npy_in_other_byte_orders_accept_weights_and_routes(shared: dict[str, Any]) -> None:
+    server = shared["server"]
+    rows = np.linspace(-2, 2, 30, dtype=np.float32).reshape(5, 6)
+    want = [same(float(v)) for v in shared["trained"][("reg", "1")].inplace_predict(rows)]
+    got, doc, ctype = call_npy(server.port, "/v1/models/reg/1/predict/batch", npy(rows.astype(">f8")))
+    assert (got, ctype) == (200, "application/json") and doc["predictions"] == want
+    # .npy asked for with a weight of 0: JSON
+    got, doc, ctype = call_npy(
+        server.port, "/v1/models/reg/1/predict/batch", npy(rows), accept="application/json, application/x-npy;q=0"
+    )
+    assert (got, ctype) == (200, "application/json")
+    got, out, ctype = call_npy(
+        server.port, "/v1/models/reg/1/predict/batch", npy(rows), accept="text/html, application/x-npy;q=0.5"
+    )
+    assert (got, ctype) == (200, "application/x-npy") and out.tolist() == want
+    got, doc, _ = call_npy(server.port, "/v1/models/reg/1/predict", npy(rows))
+    assert (got, doc) == (415, {"error": "a .npy body goes to /v1/models/reg/1/predict/batch; this route takes one JSON row"})
+    # a JSON value beyond float32 is refused as the .npy one is (before: a prediction for inf)
+    got, doc, _ = call(server.port, "POST", "/v1/models/reg/1/predict/batch", {"rows": [[1e300] * 6]})
+    assert got == 422 and "out of range for float32" in doc["error"], doc
+
+
+def test_a_stalled_batch_body_gets_408_and_closes_the_connection() -> None:
+    """A .npy body holds the worker's one batch turn while it arrives: one that stops arriving is
+    answered 408 after its time (here 0.2 s), and marked so the answer closes the connection
+    instead of waiting on the rest of the body."""
+    import asyncio
+
+    from provisioner.smoke.workloads import serving as serving_workload
+
+    serving_workload._serve_module(str(SERVER))  # puts the server's parts on sys.path, as on a host
+    app = sys.modules["provisioner_serve_app"]
+
+    async def stalled() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {}
+
+    async def run() -> tuple[int, bool]:
+        scope = {"headers": [(b"content-length", b"8000"), (b"content-type", b"application/x-npy")]}
+        exchange = app.Exchange(scope, stalled)
+        with pytest.raises(app.RequestError) as caught:
+            await exchange.body(1 << 20, "max_batch_bytes", 0.2)
+        return caught.value.status, exchange.stalled
+
+    assert asyncio.run(run()) == (408, True)
 
 
 def test_a_corrupt_unlisted_version_is_refused_naming_its_file_and_others_keep_serving(shared: dict[str, Any]) -> None:

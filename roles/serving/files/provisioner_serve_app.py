@@ -16,6 +16,7 @@ from typing import Any
 
 from provisioner_serve_config import (
     _NUMBERS,
+    BATCH_BODY_SECONDS,
     DISCARD_BYTES,
     DISCARD_SECONDS,
     LATENCY_BUCKETS,
@@ -260,6 +261,8 @@ class Worker:
         exchange = Exchange(scope, receive)
         method = scope["method"]
         path = scope["path"]
+        if len(path) > 1 and path[-1] == "/":
+            path = path[:-1]  # /healthz/ is /healthz (starlette redirected it)
         ctype = _JSON
         if path.startswith("/v1/models/"):
             parts = path[11:].split("/")
@@ -268,8 +271,11 @@ class Worker:
                 code, payload = self.not_routed(method, path, 404)
             elif method != "POST":
                 code, payload = self.not_routed(method, path, 405)
-            elif len(parts) == 4 and exchange.ctype == NPY:
-                code, payload, ctype = await self.predict_npy(exchange, parts[0], parts[1])
+            elif exchange.ctype == NPY:
+                if len(parts) == 4:
+                    code, payload, ctype = await self.predict_npy(exchange, parts[0], parts[1])
+                else:
+                    code, payload = 415, {"error": f"a .npy body goes to {path}/batch; this route takes one JSON row"}
             else:
                 code, payload = await self.predict(exchange, parts[0], parts[1], len(parts) == 4)
         else:
@@ -285,7 +291,8 @@ class Worker:
         if type(payload) is not bytes:
             payload = dumps(payload)
         headers = [ctype, (b"content-length", str(len(payload)).encode())]
-        kept = not exchange.unread or await exchange.discard(self.discard_limit)  # the body read to its end
+        # the body read to its end (never after a stalled one: the connection closes)
+        kept = not exchange.unread or (not exchange.stalled and await exchange.discard(self.discard_limit))
         if self.draining or not kept:
             headers.append(_CLOSE)
         if code == 405:
@@ -340,8 +347,8 @@ class Worker:
             model = await self.resolve(name, version)
             label_model, label_version = model.name, model.version
             async with self._batch_turn:
-                raw = await exchange.body(self.max_batch, "max_batch_bytes")
-                rows = model.npy_rows(raw, self.max_rows)
+                raw = await exchange.body(self.max_batch, "max_batch_bytes", BATCH_BODY_SECONDS)
+                rows = model.npy_rows(raw, self.max_rows, self.max_batch)
                 del raw
                 out = model.predict_array(rows)
                 del rows
@@ -470,7 +477,7 @@ class Exchange:
     A client that asked for 100 Continue and was not told to send gets the response at once with
     `Connection: close`, as does a body larger than the limit."""
 
-    __slots__ = ("accepts_npy", "asked", "ctype", "declared", "expects", "receive", "unread")
+    __slots__ = ("accepts_npy", "asked", "ctype", "declared", "expects", "receive", "stalled", "unread")
 
     def __init__(self, scope: dict[str, Any], receive: Callable[[], Any]) -> None:
         self.receive = receive
@@ -492,9 +499,10 @@ class Exchange:
             elif key == b"content-type":
                 self.ctype = value.split(b";", 1)[0].strip().lower()
             elif key == b"accept":
-                self.accepts_npy = NPY in value.lower()
+                self.accepts_npy = _accepts(value, NPY)
         self.unread = chunked or bool(self.declared)  # a body not read to its end
         self.asked = False  # receive was called (so the server sent 100 Continue, if asked for)
+        self.stalled = False  # the body did not arrive in time: the connection closes
 
     async def message(self) -> Any:
         self.asked = True
@@ -503,13 +511,49 @@ class Exchange:
             self.unread = False
         return message
 
-    async def body(self, limit: int, option: str) -> bytes:
+    async def body(self, limit: int, option: str, seconds: float | None = None) -> bytes | bytearray:
+        """The whole body, up to LIMIT bytes (413 naming OPTION) and, with SECONDS, that long (408).
+        A body of a declared length is read into one buffer of that length (no second copy)."""
         declared = self.declared
         if declared is not None:
             if declared < 0:
                 raise RequestError(400, "Content-Length is not a number")
             if declared > limit:
                 raise RequestError(413, f"body of {declared} bytes is above {option} {limit}")
+        try:
+            async with asyncio.timeout(seconds):
+                return await (self._sized(declared) if declared else self._chunks(limit, option))
+        except TimeoutError:
+            self.stalled = True
+            raise RequestError(408, f"the body did not arrive within {seconds:.0f} s") from None
+
+    async def _sized(self, declared: int) -> bytes | bytearray:
+        message: Any = await self.message()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            whole: bytes = message.get("body", b"")  # in one piece, as a small body comes
+            if len(whole) != declared:
+                raise RequestError(400, f"the body has {len(whole)} bytes, its Content-Length {declared}")
+            return whole
+        buffer = bytearray(declared)
+        view = memoryview(buffer)
+        filled = 0
+        while True:
+            if message is None:
+                message = await self.message()
+            if message["type"] != "http.request":
+                raise RequestError(400, "the client went away before its body ended")
+            chunk = message.get("body", b"")
+            if filled + len(chunk) > declared:
+                raise RequestError(400, f"the body is longer than its Content-Length {declared}")
+            view[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
+            if not message.get("more_body", False):
+                if filled != declared:
+                    raise RequestError(400, f"the body ended at {filled} of its Content-Length {declared} bytes")
+                return buffer
+            message = None
+
+    async def _chunks(self, limit: int, option: str) -> bytes:
         chunks = []
         total = 0
         while True:
@@ -545,11 +589,28 @@ class Exchange:
             return False
 
 
+def _accepts(header: bytes, media: bytes) -> bool:
+    """Whether an Accept header lists MEDIA with a weight above 0."""
+    for part in header.lower().split(b","):
+        kind, _, params = part.partition(b";")
+        if kind.strip() != media:
+            continue
+        for param in params.split(b";"):
+            name, _, value = param.partition(b"=")
+            if name.strip() == b"q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _stdlib_loads(raw: bytes) -> Any:
+def _stdlib_loads(raw: bytes | bytearray) -> Any:
     return json.loads(raw, parse_constant=_no_constant)
 
 
@@ -560,7 +621,7 @@ def _stdlib_dumps(doc: Any) -> bytes:
 try:  # the serving component's orjson: a quarter more requests/s than the standard library's json
     import orjson
 
-    def loads(raw: bytes) -> Any:
+    def loads(raw: bytes | bytearray) -> Any:
         """A body's JSON; NaN and Infinity are not JSON. What orjson refuses is read again by the
         standard library, for its message (or for what it accepts that orjson does not: integers
         beyond 64 bits)."""

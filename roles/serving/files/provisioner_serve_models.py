@@ -241,34 +241,55 @@ class Model:
             raise ValueError(f"the model returned shape {out.shape} for {rows.shape[0]} rows")
         return out
 
-    def npy_rows(self, raw: bytes, max_rows: int) -> Any:
-        """A .npy body (rows x features in the version's order, numbers) as a float32 array; 4xx naming what is wrong."""
+    def npy_rows(self, raw: bytes | bytearray, max_rows: int, max_bytes: int) -> Any:
+        """A .npy body (rows x features in the version's order, numbers) as a float32 array; 4xx naming
+        what is wrong. The header is checked against the body's length before any array exists, and
+        the rows are a view of the body (float32 in C order: no copy; else one float32 copy, itself
+        within MAX_BYTES: a batch takes at most twice max_batch_bytes beside the cache)."""
         import io
 
         np = self.np
+        fmt = np.lib.format
+        head = io.BytesIO(bytes(raw[:65536]))
         try:
-            rows = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
-        except Exception as exc:  # numpy says what is wrong with the header or the data
+            version = fmt.read_magic(head)
+            if version == (1, 0):
+                shape, fortran, dtype = fmt.read_array_header_1_0(head)
+            elif version == (2, 0):
+                shape, fortran, dtype = fmt.read_array_header_2_0(head)
+            else:
+                raise ValueError(f"format version {version[0]}.{version[1]} (numpy.save writes 1.0)")
+        except Exception as exc:  # numpy says what is wrong with the header
             raise RequestError(400, f"the body is not a .npy array: {str(exc).strip()[:200]}") from None
-        if rows.dtype.kind not in "fiu":
-            raise RequestError(422, f"the array's dtype is {rows.dtype}, not numbers")
-        if rows.ndim != 2 or rows.shape[1] != self.n:
+        if dtype.hasobject or dtype.kind not in "fiu" or dtype.shape:
+            raise RequestError(422, f"the array's dtype is {dtype}, not numbers")
+        if len(shape) != 2 or shape[1] != self.n:
             raise RequestError(
                 422,
-                f"an array of shape {rows.shape}, but {self.name}/{self.version} takes rows x {self.n} features "
+                f"an array of shape {shape}, but {self.name}/{self.version} takes rows x {self.n} features "
                 f"in order: {_some(self.features, 5)}",
             )
-        if rows.shape[0] == 0:
+        if shape[0] == 0:
             raise RequestError(422, "the array has no rows")
-        if rows.shape[0] > max_rows:
-            raise RequestError(413, f"{rows.shape[0]} rows are above max_batch_rows {max_rows}")
-        if rows.dtype == np.float32 and rows.flags.c_contiguous:
-            return rows
-        try:
-            with np.errstate(over="raise", invalid="raise"):
-                return np.ascontiguousarray(rows, dtype=np.float32)
-        except FloatingPointError:
-            raise RequestError(422, "features out of range for float32") from None
+        if shape[0] > max_rows:
+            raise RequestError(413, f"{shape[0]} rows are above max_batch_rows {max_rows}")
+        if shape[0] * shape[1] * 4 > max_bytes:  # the float32 rows the predict takes, beside the body
+            raise RequestError(
+                413, f"{shape[0]} rows take {shape[0] * shape[1] * 4} bytes as float32, above max_batch_bytes {max_bytes}"
+            )
+        offset = head.tell()
+        want = offset + shape[0] * shape[1] * dtype.itemsize
+        if len(raw) != want:
+            raise RequestError(400, f"the body has {len(raw)} bytes; its .npy header declares {want}")
+        flat = np.frombuffer(raw, dtype=dtype, count=shape[0] * shape[1], offset=offset)
+        rows = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+        if rows.dtype != np.float32 or not rows.flags.c_contiguous:
+            try:
+                with np.errstate(over="raise"):
+                    rows = np.ascontiguousarray(rows, dtype=np.float32)
+            except FloatingPointError:
+                raise RequestError(422, "features out of range for float32") from None
+        return rows if rows.flags.writeable else rows.copy()  # a body that came in one piece is read-only bytes
 
     def values(self, mapping: dict[str, Any], where: str = "") -> list[Any]:
         """One row by feature name, in the model's order; 422 naming what is wrong."""
@@ -295,8 +316,9 @@ class Model:
 
     def array(self, rows: list[list[Any]]) -> Any:
         try:
-            return self.np.array(rows, dtype=self.np.float32)
-        except (OverflowError, ValueError) as exc:
+            with self.np.errstate(over="raise"):
+                return self.np.array(rows, dtype=self.np.float32)
+        except (OverflowError, ValueError, FloatingPointError) as exc:
             raise RequestError(422, f"features out of range for float32: {exc}") from None
 
     def warm(self, requests: int) -> None:
