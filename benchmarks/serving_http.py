@@ -16,8 +16,8 @@ with wrk (Debian's package; a POST Lua script, one wrk thread) at 1, 8 and 32 co
   (created under --peers-dir on first use, reused after): MLflow's scorer (`mlflow models serve`
   of the same booster saved with mlflow.xgboost, --env-manager local, its default workers) and a
   BentoML service (`bentoml serve`, its defaults) around the same booster; and the bare ASGI
-  callable under granian (a Rust HTTP server) and with orjson, to see whether either would move
-  the request path's floor.
+  callable under granian (a Rust HTTP server), to see whether it would move the request path's
+  floor.
 
 Prints requests/s, p50/p99 and errors per level (medians over --runs), and the in-process
 single-row predict rate (XGBoost's inplace_predict, the server's native predict call and the
@@ -118,9 +118,10 @@ def predict(row: Row) -> dict:
 # The request path's floor: the same load_model and predict path (the engine included) under a
 # plain ASGI callable, no routing, validation, middleware or metrics; uvicorn as the server runs it.
 RAW_APP = """
-import json, sys
+import sys
 sys.path.insert(0, SERVE_DIR)
 import provisioner_serve as ps
+from provisioner_serve_app import dumps, loads  # the server's JSON (orjson where installed)
 
 model = ps.load_model(ps.Registry(REGISTRY), "higgs", "1", 1)
 HEADERS = [(b"content-type", b"application/json")]
@@ -138,9 +139,9 @@ async def app(scope, receive, send):
     if scope["path"] == "/readyz":
         out = b"{}"
     else:
-        features = json.loads(body)["features"]
+        features = loads(body)["features"]
         prediction = model.predict(model.array([model.values(features)]))[0]
-        out = json.dumps({"model": "higgs", "version": "1", "prediction": prediction}).encode()
+        out = dumps({"model": "higgs", "version": "1", "prediction": prediction})
     # With its length (else chunked, and a second write waits on the client's delayed ACK).
     headers = [*HEADERS, (b"content-length", str(len(out)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -186,14 +187,6 @@ class Higgs:
         x = np.array([[features[f] for f in FEATURES]], dtype=np.float32)
         return {"prediction": float(self.booster.inplace_predict(x)[0])}
 """
-
-# The bare callable with orjson for the body and the answer (where the environment has it).
-ORJSON_APP = (
-    RAW_APP.replace("import json, sys", "import sys\nimport orjson")
-    .replace("json.loads(body)", "orjson.loads(body)")
-    .replace("json.dumps({", "orjson.dumps({")
-    .replace("}).encode()", "})")
-)
 
 LUA = """
 wrk.method = "POST"
@@ -315,9 +308,11 @@ def post_once(url: str, body: str) -> str:
         sys.exit(f"{url}: {e.code} {e.read()[:300]!r}")
 
 
-def batches(port: int, path: str, repeats: int) -> None:
+def batches(port: int, path: str, repeats: int, engine_rate: float) -> None:
     """Batch scoring through the server, one request at a time: .npy rows in and .npy predictions out,
-    .npy in and JSON out, and JSON rows in (what fits max_body_bytes); medians of REPEATS requests."""
+    .npy in and JSON out, and JSON rows in (what fits max_body_bytes); medians of REPEATS requests.
+    The 100,000-row .npy figure is set against ENGINE_RATE, the served engine's own batch rows/s in
+    process: the rest of its time is the body over the socket, the answer and the request path."""
     import http.client
     import io
 
@@ -349,6 +344,12 @@ def batches(port: int, path: str, repeats: int) -> None:
             print(
                 f"  batch {n:>7,d} rows {name:13s} {n / seconds:>11,.0f} rows/s ({len(body) / 1e6:.1f} MB in, {seconds * 1000:.1f} ms)"
             )
+            if n == 100_000 and name == "npy -> npy":
+                predict = n / engine_rate
+                print(
+                    f"    {n / seconds / engine_rate:.2f} of the engine's in-process batch rate: of its {seconds * 1000:.0f} ms, "
+                    f"{predict * 1000:.0f} ms predicting, {(seconds - predict) * 1000:.0f} ms the body in, the answer out and the request path"
+                )
     conn.close()
 
 
@@ -359,9 +360,7 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="the Python the servers run in")
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--skip-raw", action="store_true", help="no run of the plain ASGI app (the request path's floor)")
-    parser.add_argument(
-        "--peers", action="store_true", help="also MLflow's scorer, BentoML, and the bare app under granian and with orjson"
-    )
+    parser.add_argument("--peers", action="store_true", help="also MLflow's scorer, BentoML, and the bare app under granian")
     parser.add_argument(
         "--peers-dir", default="/var/cache/provisioner/bench-peers", help="where --peers keeps its throwaway environments"
     )
@@ -433,7 +432,8 @@ def main() -> None:
                 served = {m["name"]: m for m in json.load(r)["models"]}["higgs"]
             print(f"  {name}: worker 0 serves higgs/1 through {served['engine']} ({served['predict_us']} µs a row at load)")
             out = measure(name, f"http://127.0.0.1:{base}/v1/models/higgs/1/predict", script, args.runs, args.duration)
-            batches(base, "/v1/models/higgs/1/predict/batch", max(args.runs, 5))
+            batch_rate = rates["engine_batch"] if served["engine"] != "native" else rates["native_batch"]
+            batches(base, "/v1/models/higgs/1/predict/batch", max(args.runs, 5), batch_rate)
             stop(procs)
             return out
 
@@ -474,9 +474,8 @@ def main() -> None:
         if args.peers:
             plain = {k: v for k, v in env.items() if not k.endswith("_NUM_THREADS")}
             peers_dir = Path(args.peers_dir)
-            # granian and orjson for the Python the servers run in, beside its own packages
-            extra = peer_packages(peers_dir / "floor", args.python, ["granian", "orjson"])
-            peers["raw orjson"] = floor("raw orjson", ORJSON_APP, {"PYTHONPATH": str(extra)})
+            # granian for the Python the servers run in, beside its own packages
+            extra = peer_packages(peers_dir / "floor", args.python, ["granian"])
             (top / "rawapp.py").write_text(
                 f"SERVE_DIR = {str(SERVER.parent)!r}\nREGISTRY = {str(top / 'models')!r}\n" + textwrap.dedent(RAW_APP)
             )

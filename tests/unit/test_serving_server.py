@@ -434,6 +434,15 @@ def test_predictions_equal_the_in_process_models(shared: dict[str, Any]) -> None
         ("/v1/models/nosuch/latest/predict", {"features": {}}, 404, ["nosuch"]),
         ("/v1/models/reg/1/predict", b'{"features": {"f0": 1.0,', 400, ["malformed JSON"]),
         ("/v1/models/reg/1/predict", b'{"features": {"f0": NaN}}', 400, ["malformed JSON", "NaN"]),
+        ("/v1/models/reg/1/predict", b"[" * 3000, 400, ["malformed JSON", "nested too deeply"]),
+        (
+            "/v1/models/reg/1/predict",
+            b'{"features": {"f0": 1, "f1": 1, "f2": 1, "f3": 1, "f4": 1, "f5": 1e400}}',
+            422,
+            ["out of range for float32"],
+        ),
+        # a lone surrogate in a name: read, and named back in the 422
+        ("/v1/models/reg/1/predict", b'{"features": {"\\ud800": 1}}', 422, ["extra features: \ud800"]),
         ("/v1/nothing", None, 404, ["/v1/nothing"]),
     ],
 )

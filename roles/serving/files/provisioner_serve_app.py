@@ -309,6 +309,8 @@ class Worker:
             return loads(raw)
         except ValueError as exc:
             raise RequestError(400, f"malformed JSON body: {exc}") from None
+        except RecursionError:
+            raise RequestError(400, "malformed JSON body: nested too deeply") from None
 
     async def predict(self, exchange: Exchange, name: str, version: str, batch: bool) -> tuple[int, Any]:
         start = time.perf_counter()
@@ -520,9 +522,13 @@ class Exchange:
                 raise RequestError(400, "Content-Length is not a number")
             if declared > limit:
                 raise RequestError(413, f"body of {declared} bytes is above {option} {limit}")
+        if seconds is not None and declared:
+            seconds = max(seconds, declared / (1 << 20))  # and at least 1 MiB/s for a large body
         try:
             async with asyncio.timeout(seconds):
-                return await (self._sized(declared) if declared else self._chunks(limit, option))
+                # one buffer of the declared length only for a timed body (a batch, one at a time):
+                # an untimed one grows as it arrives, so a slow client holds no more than it sent
+                return await (self._sized(declared) if declared and seconds is not None else self._chunks(limit, option))
         except TimeoutError:
             self.stalled = True
             raise RequestError(408, f"the body did not arrive within {seconds:.0f} s") from None
@@ -623,15 +629,20 @@ try:  # the serving component's orjson: a quarter more requests/s than the stand
 
     def loads(raw: bytes | bytearray) -> Any:
         """A body's JSON; NaN and Infinity are not JSON. What orjson refuses is read again by the
-        standard library, for its message (or for what it accepts that orjson does not: integers
-        beyond 64 bits)."""
+        standard library, for its message (or for what it accepts that orjson does not: a number
+        beyond the float range, a lone surrogate in a string)."""
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
             return _stdlib_loads(raw)
 
     def dumps(doc: Any) -> bytes:
-        return orjson.dumps(doc)  # compact, as the standard library's with its separators; NaN as null
+        """Compact, as the standard library's with its separators; NaN as null. A string orjson cannot
+        write (a lone surrogate the standard library read, echoed in a 422) goes through the standard library."""
+        try:
+            return orjson.dumps(doc)
+        except TypeError:
+            return _stdlib_dumps(doc)
 
 except ImportError:  # an environment installed from an older lock
     loads, dumps = _stdlib_loads, _stdlib_dumps

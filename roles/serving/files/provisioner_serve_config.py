@@ -48,8 +48,9 @@ DISCARD_BYTES = 64 << 20
 DISCARD_SECONDS = 30.0
 _NUMBERS = frozenset((int, float))
 MAX_BATCH_BYTES = 64 << 20
-# A .npy batch body must arrive within this many seconds (it holds the worker's one batch turn):
-# else 408 and Connection: close, so a stalled upload never blocks the batches behind it.
+# A .npy batch body must arrive within this many seconds, or a second per MiB when it is larger (it
+# holds the worker's one batch turn): else 408 and Connection: close, so a stalled upload never
+# blocks the batches behind it.
 BATCH_BODY_SECONDS = 30.0
 NPY = b"application/x-npy"  # a batch as NumPy's .npy (rows x features), and its answer when accepted
 

@@ -289,7 +289,8 @@ class Model:
                     rows = np.ascontiguousarray(rows, dtype=np.float32)
             except FloatingPointError:
                 raise RequestError(422, "features out of range for float32") from None
-        return rows if rows.flags.writeable else rows.copy()  # a body that came in one piece is read-only bytes
+        # a body that came in one piece is read-only bytes; a header of odd length misaligns the rows
+        return rows if rows.flags.writeable and rows.flags.aligned else rows.copy()
 
     def values(self, mapping: dict[str, Any], where: str = "") -> list[Any]:
         """One row by feature name, in the model's order; 422 naming what is wrong."""
@@ -317,9 +318,12 @@ class Model:
     def array(self, rows: list[list[Any]]) -> Any:
         try:
             with self.np.errstate(over="raise"):
-                return self.np.array(rows, dtype=self.np.float32)
+                array = self.np.array(rows, dtype=self.np.float32)
         except (OverflowError, ValueError, FloatingPointError) as exc:
             raise RequestError(422, f"features out of range for float32: {exc}") from None
+        if self.np.isinf(array).any():  # JSON has no infinity: a number like 1e400 read as one
+            raise RequestError(422, "features out of range for float32: a number beyond the float range")
+        return array
 
     def warm(self, requests: int) -> None:
         zero = self.np.zeros((1, self.n), dtype=self.np.float32)
