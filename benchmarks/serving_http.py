@@ -348,7 +348,7 @@ def batches(port: int, path: str, repeats: int, engine_rate: float) -> None:
                 predict = n / engine_rate
                 print(
                     f"    {n / seconds / engine_rate:.2f} of the engine's in-process batch rate: of its {seconds * 1000:.0f} ms, "
-                    f"{predict * 1000:.0f} ms predicting, {(seconds - predict) * 1000:.0f} ms the body in, the answer out and the request path"
+                    f"{predict * 1000:.0f} ms predicting, {max(0.0, seconds - predict) * 1000:.0f} ms the body in, the answer out and the request path"
                 )
     conn.close()
 
@@ -533,9 +533,10 @@ def main() -> None:
                     ],
                     cwd=top,
                     env={**plain, "PATH": f"{mlflow / 'bin'}:{plain.get('PATH', '/usr/bin:/bin')}"},  # it runs uvicorn by name
+                    stderr=(peers_dir / "mlflow.log").open("w"),  # a traceback for each connection wrk closes
                 )
             ]
-            wait_http(f"http://127.0.0.1:{port}/ping", procs, timeout=300)
+            wait_http(f"http://127.0.0.1:{port}/ping", procs, timeout=300)  # why not: PEERS_DIR/mlflow.log
             values = json.loads(body)["features"]
             mlbody = json.dumps({"dataframe_split": {"columns": FEATURES, "data": [[values[f] for f in FEATURES]]}})
             mlscript = top / "mlflow.lua"
@@ -560,6 +561,8 @@ def main() -> None:
                         "BENTOML_DO_NOT_TRACK": "true",
                         "PATH": f"{bento / 'bin'}:{plain.get('PATH', '/usr/bin:/bin')}",
                     },
+                    stdout=(peers_dir / "bentoml.log").open("w"),
+                    stderr=subprocess.STDOUT,
                 )
             ]
             wait_http(f"http://127.0.0.1:{port}/readyz", procs, timeout=300)
