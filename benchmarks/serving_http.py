@@ -440,11 +440,11 @@ def main() -> None:
         tuned = serve("tuned", ["onedal"])
         native = serve("native", []) if rates["engine"] != "native" and not args.skip_native else None
 
-        def floor(label: str, app: str, extra: dict[str, str]) -> dict[int, dict[str, float]]:
+        def floor() -> dict[int, dict[str, float]]:
             """A bare ASGI app as two uvicorn processes, each pinned to its CPU, on one inherited socket."""
             nonlocal procs
             (top / "rawapp.py").write_text(
-                f"SERVE_DIR = {str(SERVER.parent)!r}\nREGISTRY = {str(top / 'models')!r}\n" + textwrap.dedent(app)
+                f"SERVE_DIR = {str(SERVER.parent)!r}\nREGISTRY = {str(top / 'models')!r}\n" + textwrap.dedent(RAW_APP)
             )
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -456,7 +456,7 @@ def main() -> None:
                 subprocess.Popen(
                     ["taskset", "-c", str(cpus[i % len(cpus)]), args.python, *command],
                     cwd=top,
-                    env={**env, "OMP_NUM_THREADS": "1", **extra},
+                    env={**env, "OMP_NUM_THREADS": "1"},
                     pass_fds=(listener.fileno(),),
                 )
                 for i in range(2)
@@ -464,11 +464,11 @@ def main() -> None:
             listener.close()
             wait_http(f"http://127.0.0.1:{port}/readyz", procs)
             time.sleep(2)  # both processes loaded (the first to answer is not the only one)
-            out = measure(label, f"http://127.0.0.1:{port}/v1/models/higgs/1/predict", script, args.runs, args.duration)
+            out = measure("raw ASGI", f"http://127.0.0.1:{port}/v1/models/higgs/1/predict", script, args.runs, args.duration)
             stop(procs)
             return out
 
-        raw = floor("raw ASGI", RAW_APP, {}) if not args.skip_raw else None
+        raw = floor() if not args.skip_raw else None
 
         peers: dict[str, dict[int, dict[str, float]]] = {}
         if args.peers:

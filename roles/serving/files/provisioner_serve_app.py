@@ -271,13 +271,11 @@ class Worker:
                 code, payload = self.not_routed(method, path, 404)
             elif method != "POST":
                 code, payload = self.not_routed(method, path, 405)
-            elif exchange.ctype == NPY:
-                if len(parts) == 4:
-                    code, payload, ctype = await self.predict_npy(exchange, parts[0], parts[1])
-                else:
-                    code, payload = 415, {"error": f"a .npy body goes to {path}/batch; this route takes one JSON row"}
+            elif exchange.ctype == NPY and len(parts) == 3:
+                code, payload = 415, {"error": f"a .npy body goes to {path}/batch; this route takes one JSON row"}
             else:
-                code, payload = await self.predict(exchange, parts[0], parts[1], len(parts) == 4)
+                answer = self.one_row if len(parts) == 3 else self.npy_batch if exchange.ctype == NPY else self.json_batch
+                code, payload, ctype = await self.predict(exchange, parts[0], parts[1], answer)
         else:
             handler = self._gets.get(path)
             if handler is None:
@@ -312,65 +310,53 @@ class Worker:
         except RecursionError:
             raise RequestError(400, "malformed JSON body: nested too deeply") from None
 
-    async def predict(self, exchange: Exchange, name: str, version: str, batch: bool) -> tuple[int, Any]:
+    async def predict(
+        self, exchange: Exchange, name: str, version: str, answer: Callable[[Exchange, Model], Any]
+    ) -> tuple[int, bytes, tuple[bytes, bytes]]:
+        """The version resolved, ANSWER's (payload, content type) for it, or the error; counted either way."""
         start = time.perf_counter()
         label_model = label_version = ""
         try:
             model = await self.resolve(name, version)
             label_model, label_version = model.name, model.version
-            doc = await self.document(exchange)
-            if batch:
-                rows = self.batch_rows(model, doc)
-                result = {"model": model.name, "version": model.version, "predictions": model.predict(model.array(rows))}
-            else:
-                features = doc.get("features") if type(doc) is dict else None
-                if type(features) is not dict or len(doc) != 1:
-                    raise RequestError(422, 'the body must be {"features": {"name": number, ...}}')
-                row = model.values(features)
-                result = {"model": model.name, "version": model.version, "prediction": model.predict(model.array([row]))[0]}
+            payload, ctype = await answer(exchange, model)
             code = 200
         except RequestError as exc:
-            code = exc.status
-            result = {"error": str(exc)}
+            code, payload, ctype = exc.status, dumps({"error": str(exc)}), _JSON
         except Exception as exc:  # a framework error on this input: the worker keeps serving
-            code = 500
-            result = {"error": f"prediction failed: {type(exc).__name__}: {str(exc).strip()[:300]}"}
-        payload = dumps(result)
-        self.metrics.request(label_model, label_version, code, time.perf_counter() - start if label_model else None)
-        return code, payload
-
-    async def predict_npy(self, exchange: Exchange, name: str, version: str) -> tuple[int, bytes, tuple[bytes, bytes]]:
-        """A batch as .npy rows (up to max_batch_bytes, one body at a time per worker): the answer is
-        .npy when the client accepts it, else the JSON of the other batch requests."""
-        start = time.perf_counter()
-        label_model = label_version = ""
-        ctype = _JSON
-        try:
-            model = await self.resolve(name, version)
-            label_model, label_version = model.name, model.version
-            async with self._batch_turn:
-                raw = await exchange.body(self.max_batch, "max_batch_bytes", BATCH_BODY_SECONDS)
-                rows = model.npy_rows(raw, self.max_rows, self.max_batch)
-                del raw
-                out = model.predict_array(rows)
-                del rows
-            if exchange.accepts_npy:
-                import io
-
-                buffer = io.BytesIO()
-                self.np.lib.format.write_array(buffer, out, allow_pickle=False)
-                payload, ctype = buffer.getvalue(), _NPY_TYPE
-            else:
-                doc = {"model": model.name, "version": model.version, "predictions": out.tolist()}
-                payload = dumps(doc)
-            code = 200
-        except RequestError as exc:
-            code, payload = exc.status, dumps({"error": str(exc)})
-        except Exception as exc:  # a framework error on this input: the worker keeps serving
-            code = 500
+            code, ctype = 500, _JSON
             payload = dumps({"error": f"prediction failed: {type(exc).__name__}: {str(exc).strip()[:300]}"})
         self.metrics.request(label_model, label_version, code, time.perf_counter() - start if label_model else None)
         return code, payload, ctype
+
+    async def one_row(self, exchange: Exchange, model: Model) -> tuple[bytes, tuple[bytes, bytes]]:
+        doc = await self.document(exchange)
+        features = doc.get("features") if type(doc) is dict else None
+        if type(features) is not dict or len(doc) != 1:
+            raise RequestError(422, 'the body must be {"features": {"name": number, ...}}')
+        prediction = model.predict(model.array([model.values(features)]))[0]
+        return dumps({"model": model.name, "version": model.version, "prediction": prediction}), _JSON
+
+    async def json_batch(self, exchange: Exchange, model: Model) -> tuple[bytes, tuple[bytes, bytes]]:
+        rows = self.batch_rows(model, await self.document(exchange))
+        return dumps({"model": model.name, "version": model.version, "predictions": model.predict(model.array(rows))}), _JSON
+
+    async def npy_batch(self, exchange: Exchange, model: Model) -> tuple[bytes, tuple[bytes, bytes]]:
+        """.npy rows (up to max_batch_bytes, one body at a time per worker): the answer is .npy when the
+        client accepts it, else the JSON of the other batch requests."""
+        async with self._batch_turn:
+            raw = await exchange.body(self.max_batch, "max_batch_bytes", BATCH_BODY_SECONDS)
+            rows = model.npy_rows(raw, self.max_rows, self.max_batch)
+            del raw
+            out = model.predict_array(rows)
+            del rows
+        if not exchange.accepts_npy:
+            return dumps({"model": model.name, "version": model.version, "predictions": out.tolist()}), _JSON
+        import io
+
+        buffer = io.BytesIO()
+        self.np.lib.format.write_array(buffer, out, allow_pickle=False)
+        return buffer.getvalue(), _NPY_TYPE
 
     def batch_rows(self, model: Model, doc: Any) -> list[list[Any]]:
         rows = doc.get("rows") if type(doc) is dict else None
