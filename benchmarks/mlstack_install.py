@@ -78,7 +78,7 @@ def ssh(server: lab.LabServer, command: str) -> str:
     return r.stdout + r.stderr
 
 
-FRESH = ("rm -rf /opt/mlstack /var/cache/provisioner/mlstack-wheelhouse "
+FRESH = ("rm -rf /opt/mlstack /opt/mlstack-envs /var/cache/provisioner/mlstack-wheelhouse "
          "/var/lib/provisioner/originals/mlstack.json /etc/provisioner/expected/mlstack.json")
 STEPS = ("Pack the missing wheels on the control node", "Copy and unpack the missing wheels on the target",
          "Create the virtual environment with the system Python", "Install the pinned packages",
@@ -141,7 +141,7 @@ def main() -> None:
                 figures.append((f"  {task}", spread(values)))
             again, out2 = ansible(server, ["plan", "mlstack"], variables, tmp)
             figures.append(("mlstack re-run", f"{again:.1f} s, changed={changed(out2)}"))
-            size = ssh(server, "du -sm /opt/mlstack /var/cache/provisioner/mlstack-wheelhouse | cut -f1").split()
+            size = ssh(server, "du -sm /opt/mlstack/ /var/cache/provisioner/mlstack-wheelhouse | cut -f1").split()
             figures.append(("installed size (/opt/mlstack)", f"{size[0]} MB (wheels kept on the target: {size[1]} MB)"))
             if args.rsync:
                 if not shutil.which("rsync"):
@@ -156,7 +156,7 @@ def main() -> None:
             if args.also:
                 more = {**variables, "mlstack_components": [*args.components, *args.also]}
                 seconds, _ = ansible(server, ["plan", "mlstack"], more, tmp)
-                size = ssh(server, "du -sm /opt/mlstack | cut -f1").split()
+                size = ssh(server, "du -sm /opt/mlstack/ | cut -f1").split()
                 figures.append((f"adding {', '.join(args.also)}", f"{seconds:.1f} s, then {size[0]} MB"))
             doctor = ssh(server, "runuser -l ml -c /opt/mlstack/bin/mlstack-doctor")
         finally:

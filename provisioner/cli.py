@@ -303,6 +303,33 @@ def undo(
 
 @app.command()
 @_on_hosts
+def rollback(
+    *,
+    hosts: Hosts,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="The generation to return to (provisioner status lists them); default the previous one."),
+    ] = None,
+    json: Json = False,
+    ssh: Ssh,
+) -> None:
+    """Switch the ML environment back to the previous generation (or --to GEN), in seconds.
+
+    The services that ran from the generation it leaves (model server workers one at a time, the
+    Ray node) restart; running jobs keep their generation. Every host is checked first.
+    """
+    _finish(
+        "rollback",
+        json,
+        lambda progress: commands.rollback(hosts.inventory, to, on_progress=progress, **_reach(hosts, ssh)),
+        render.run_summary,
+        progress=True,
+        ssh=ssh,
+    )
+
+
+@app.command()
+@_on_hosts
 def verify(
     *,
     hosts: Hosts,

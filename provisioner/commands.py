@@ -597,6 +597,29 @@ def serve_load(inventory: Path | None, model: str, source: Path, **run_options: 
     return Result("serve load", run, run.exit_code, (), tuple(run.errors))
 
 
+# ---------------------------------------------------------------- ML environment generations
+
+GENERATION_NAME = re.compile(r"^[0-9a-f]{6,64}$")
+
+
+def rollback(inventory: Path | None, to: str | None = None, **run_options: Any) -> Result[RunResult]:
+    """Point every host's ML environment back at its previous generation, or at TO
+    (playbooks/rollback.yml), and restart the services that ran from the one it leaves. Every
+    host is checked first: one without that generation stops the run before any host switches."""
+    if to is not None and not GENERATION_NAME.match(to):
+        raise BadInput(
+            f"--to {to!r} is not a generation's name: pass one that provisioner status lists"
+            " (hex digits, e.g. 3f2a9c1d0b7e), or leave --to out for the previous one"
+        )
+    run = engine.run_playbook(
+        "rollback.yml",
+        engine.resolve_inventory(inventory),
+        extravars={"mlstack_rollback_to": to} if to else None,
+        **run_options,
+    )
+    return Result("rollback", run, run.exit_code, (), tuple(run.errors))
+
+
 # ---------------------------------------------------------------- lab servers
 
 

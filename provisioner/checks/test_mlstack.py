@@ -47,7 +47,11 @@ def as_user(owner: str, command: str) -> str:
 def test_environment_belongs_to_the_ml_user(host, venv, owner):
     d = host.file(venv)
     assert d.is_directory, f"{venv} does not exist"
-    assert d.user == owner, f"{venv} belongs to {d.user}, not {owner}"
+    # A symlink to the live generation (mlstack_venv-envs/HASH), or the user's own directory used in place.
+    if d.is_symlink:
+        d = host.file(d.linked_to)
+        assert d.is_directory and d.path.startswith(f"{venv.rstrip('/')}-envs/"), f"{venv} points at {d.path}, not a generation"
+    assert d.user == owner, f"{d.path} belongs to {d.user}, not {owner}"
     python = host.file(f"{venv}/bin/python")
     assert python.exists
     site = host.check_output(f"find {shlex.quote(venv)}/lib -maxdepth 2 -name site-packages")
