@@ -1,7 +1,13 @@
 """The model server end to end on a lab server of its own, over real SSH: deployed by
 `provisioner up`, read by `serve status`, measured by the smoke test with a real load generator,
 a new version rolled in under load without a failed request, a corrupt one refused while the
-others keep serving, and a killed worker restarted by systemd while the others answer."""
+others keep serving, and a killed worker restarted by systemd while the others answer.
+
+Last, the ML environment's generations under that load: a lock change (one serving package
+changed, from a wheelhouse holding both versions) builds a new generation, proves it and switches
+the workers with no failed request, while a job of the ML user that started before keeps its own;
+a lock whose doctor fails and one with a wheel missing never go live; `provisioner rollback`
+returns with no failed request, and refuses a generation the host lacks."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from provisioner import bundle
 from provisioner.errors import ExitCode
@@ -161,10 +168,18 @@ def test_a_second_up_changes_nothing_and_verifies(served):
     assert "libjemalloc" in ssh(served, f"cat /proc/{pid}/maps").stdout
 
 
-def test_a_listen_address_beyond_loopback_is_refused_before_any_change(served):
-    rc, _, r = cli_json("up", "-i", str(served.inventory), "--tags", "serving", "--no-smoke", "-e", "serving_listen=0.0.0.0")
+@pytest.mark.parametrize(
+    "tags, option, said",
+    [
+        ("serving", "serving_listen=0.0.0.0", "serving_allow_nonlocal"),
+        ("mlstack", "mlstack_generations_kept=0", "mlstack_generations_kept must be a whole number of 1 or more"),
+    ],
+    ids=["a listen address beyond loopback", "no generation kept"],
+)
+def test_bad_input_is_refused_before_any_change(served, tags, option, said):
+    rc, _, r = cli_json("up", "-i", str(served.inventory), "--tags", tags, "--no-smoke", "-e", option)
     assert rc == ExitCode.BAD_INPUT, r.stdout + r.stderr
-    assert "serving_allow_nonlocal" in r.stderr
+    assert said in r.stderr
     assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
 
 
@@ -360,3 +375,159 @@ def test_a_catboost_version_trained_on_the_host_serves_the_same_prediction(serve
     code, _, text = answer.stdout.strip().partition(" ")
     assert code == "200", answer.stdout + answer.stderr
     assert json.loads(text)["prediction"] == pytest.approx(expected, rel=1e-5)
+
+
+# ---------------------------------------------------------------- generations of the ML environment
+
+CHANGED, OLD, ABSENT = "prometheus-client==0.25.0", "prometheus-client==0.26.0", "prometheus-client==0.24.1"
+JOB = """import os, time
+while not os.path.exists("/tmp/gen-go"):
+    time.sleep(0.05)
+import prometheus_client
+print(prometheus_client.__file__)
+"""
+
+
+def lock_with(path: Path, change) -> Path:
+    """The repository's lock with each component's pins passed through CHANGE."""
+    lock = yaml.safe_load(bundle.DEFAULT_LOCK.read_text())
+    lock["components"] = {c: [q for p in pins if (q := change(p))] for c, pins in lock["components"].items()}
+    path.write_text(yaml.safe_dump(lock, sort_keys=False))
+    return path
+
+
+def live_generation(server) -> str:
+    r = ssh(server, "readlink /opt/mlstack")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def under_load(server, action):
+    """ACTION's result while wrk posts single rows, and wrk's request count and output."""
+    load = start_wrk(server, "/v1/models/fraud/1/predict", seconds=900)
+    time.sleep(2)
+    try:
+        result = action()
+    finally:
+        ssh(server, "pkill -INT -x wrk")
+    requests, out = wrk_result(load)
+    return result, requests, out
+
+
+def on_generation(server, pid: str, generation: str) -> bool:
+    return ssh(server, f"grep -q {shlex.quote(generation + '/')} /proc/{pid}/maps").returncode == 0
+
+
+@pytest.fixture(scope="module")
+def generations(served, tmp_path_factory):
+    """The lock change, a broken lock, a lock with a wheel missing and the rollbacks, in order,
+    each under load where it may restart workers, and what each left."""
+    d = tmp_path_factory.mktemp("generations")
+    house = d / "wheels"
+    house.mkdir()
+    changed_only = d / "changed.lock"
+    changed_only.write_text(
+        yaml.safe_dump(
+            {"schema": 1, "python_version": "3.11", "glibc": "2.28", "arch": "x86_64", "components": {"core": [CHANGED]}}
+        )
+    )
+    extra = bundle.build_wheelhouse(d / "extra", ["core"], lock_path=changed_only).path
+    stack = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt", "serving"]).path
+    for wheel in [*stack.glob("*.whl"), *extra.glob("*.whl")]:
+        if not (house / wheel.name).exists():
+            (house / wheel.name).symlink_to(wheel)
+    locks = {
+        "changed": lock_with(d / "changed-stack.lock", lambda p: CHANGED if p == OLD else p),
+        "broken": lock_with(d / "broken.lock", lambda p: None if p.startswith("orjson==") else p),
+        "missing": lock_with(d / "missing.lock", lambda p: ABSENT if p == OLD else p),
+    }
+
+    def up(lock: str):
+        return cli_json(
+            "up",
+            "-i",
+            str(served.inventory),
+            "--tags",
+            "mlstack",
+            "--no-verify",
+            "-e",
+            f"mlstack_wheelhouse={house}",
+            "-e",
+            f"mlstack_lock_file={locks[lock]}",
+            "-e",
+            "mlstack_components=[core,gbdt,serving]",
+            "-e",
+            "serving_enabled=true",
+            timeout=900,
+        )
+
+    state: dict = {"live": live_generation(served), "pids": {w["index"]: w["pid"] for w in workers(served)}}
+    # A job of the ML user from a login shell, started before the switch, importing after it.
+    r = ssh(
+        served,
+        "rm -f /tmp/gen-go /tmp/gen-job.out && cat > /tmp/gen-job.py <<'EOF'\n" + JOB + "EOF\n"
+        "su - ml -c 'nohup python /tmp/gen-job.py > /tmp/gen-job.out 2>&1 &'",
+    )
+    assert r.returncode == 0, r.stderr
+    state["change"] = under_load(served, lambda: up("changed"))
+    state["changed_live"] = live_generation(served)
+    state["changed_workers"] = [(w, on_generation(served, w["pid"], state["changed_live"])) for w in workers(served)]
+    ssh(served, "touch /tmp/gen-go; for i in $(seq 100); do test -s /tmp/gen-job.out && break; sleep 0.1; done")
+    state["job"] = ssh(served, "cat /tmp/gen-job.out").stdout.strip()
+    state["fresh"] = ssh(served, "su - ml -c 'python -c \"import prometheus_client as p; print(p.__file__)\"'").stdout.strip()
+    state["broken"] = under_load(served, lambda: up("broken"))
+    state["missing"] = up("missing")
+    state["after_failures"] = (live_generation(served), ssh(served, "ls /opt/mlstack-envs").stdout.split())
+    state["rollback"] = under_load(served, lambda: cli_json("rollback", "-i", str(served.inventory)))
+    state["rolled_back_live"] = live_generation(served)
+    state["rolled_back_workers"] = [(w, on_generation(served, w["pid"], state["live"])) for w in workers(served)]
+    state["unknown"] = cli_json("rollback", "-i", str(served.inventory), "--to", "0123456789ab")
+    state["bad"] = cli_json("rollback", "-i", str(served.inventory), "--to", "../x")
+    state["after_refusals"] = live_generation(served)
+    return state
+
+
+def test_a_lock_change_switches_the_workers_to_a_new_generation_with_no_failed_request(served, generations):
+    g = generations
+    (rc, _data, r), requests, out = g["change"]
+    assert rc == ExitCode.OK, r.stdout[-3000:] + r.stderr
+    assert requests > 0 and "Non-2xx" not in out and "Socket errors" not in out, out
+    assert g["changed_live"] != g["live"] and g["changed_live"].startswith("/opt/mlstack-envs/")
+    for w, on_new in g["changed_workers"]:
+        assert w["pid"] != g["pids"][w["index"]], "every worker restarted"
+        assert on_new, f"worker {w['index']} does not run from {g['changed_live']}"
+
+
+def test_a_job_running_across_the_switch_keeps_its_generation_and_a_new_one_gets_the_new(generations):
+    g = generations
+    site = "lib/python3.11/site-packages/prometheus_client/__init__.py"
+    assert g["job"] == f"{g['live']}/{site}", g["job"]
+    assert g["fresh"] == f"{g['changed_live']}/{site}", g["fresh"]
+
+
+def test_a_generation_the_doctor_fails_or_a_missing_wheel_never_goes_live(generations):
+    g = generations
+    (rc, _data, r), requests, out = g["broken"]
+    text = " ".join((r.stdout + r.stderr).split())
+    assert rc != ExitCode.OK and "failed the doctor and did not go live" in text and "orjson" in text, text[-3000:]
+    assert requests > 0 and "Non-2xx" not in out and "Socket errors" not in out, out
+    rc, _data, r = g["missing"]
+    assert rc != ExitCode.OK and f"{ABSENT}: no wheel in" in " ".join((r.stdout + r.stderr).split()), r.stdout[-3000:]
+    live, store = g["after_failures"]
+    assert live == g["changed_live"]
+    # Neither failure left a directory: the two generations and their history.
+    assert sorted(store) == sorted([g["live"].rsplit("/", 1)[1], g["changed_live"].rsplit("/", 1)[1], "generations.json"])
+
+
+def test_rollback_returns_with_no_failed_request_and_refuses_a_generation_the_host_lacks(served, generations):
+    g = generations
+    (rc, _data, r), requests, out = g["rollback"]
+    assert rc == ExitCode.OK, r.stdout[-3000:] + r.stderr
+    assert requests > 0 and "Non-2xx" not in out and "Socket errors" not in out, out
+    assert g["rolled_back_live"] == g["live"]
+    assert all(on_old for _, on_old in g["rolled_back_workers"]), g["rolled_back_workers"]
+    rc, _data, r = g["unknown"]
+    assert rc != ExitCode.OK and "has no generation 0123456789ab" in " ".join((r.stdout + r.stderr).split()), r.stdout[-2000:]
+    rc, _data, r = g["bad"]
+    assert rc == ExitCode.BAD_INPUT and "is not a generation's name" in r.stderr, r.stderr
+    assert g["after_refusals"] == g["live"]

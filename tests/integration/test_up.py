@@ -39,7 +39,7 @@ BASE = "pv-up-base"
 # docs/roles.md, "Kept on purpose": role storage's tools (they assemble, mount and repair the array).
 KEPT_PACKAGES = {"mdadm", "xfsprogs", "btrfs-progs"}
 # What a run writes first on a new server (its configuration, its state, the ML environment).
-PRODUCT_PATHS = ("/etc/provisioner", "/var/lib/provisioner", "/opt/mlstack")
+PRODUCT_PATHS = ("/etc/provisioner", "/var/lib/provisioner", "/opt/mlstack", "/opt/mlstack-envs")
 
 
 def out_of(server, command: str) -> str:
@@ -699,6 +699,8 @@ def test_undo_restores_packages_units_and_users(provisioned, drift):
     server = provisioned["server"]
     rc, _ = cli_json("undo", "-i", str(server.inventory))
     assert rc == ExitCode.OK
+    # The ML environment the run made goes with every generation of it.
+    assert out_of(server, "ls -d /opt/mlstack /opt/mlstack-envs 2>/dev/null; true").strip() == ""
     after = snapshot(server)
     before = provisioned["before"]
     added = after["packages"] - before["packages"]

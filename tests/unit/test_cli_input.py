@@ -38,6 +38,7 @@ REFUSED = {
     ),
     "inventory without hosts": (("plan", "-i", "{tmp}/hosts.yml"), "all:\n  children:\n    web: {}\n", ("defines no hosts",)),
     "unknown tag lists the known ones": (("up", "--tags", "comon", "--check"), None, ("unknown tag(s) comon", "common")),
+    "rollback to a name no generation has": (("rollback", "--to", "../x"), None, ("--to '../x' is not a generation's name",)),
     "unknown option suggests a close one": (
         ("up", "--check", "-e", "common_ml_usr=bob"),
         None,
@@ -93,9 +94,15 @@ def test_known_tags_cover_roles_and_phases():
     ("msg", "expected"),
     [
         ("Failed to connect to the host via ssh: @@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@", "host key changed"),
-        ("Failed to connect to the host via ssh: No ED25519 host key is known for 10.1.1.2 and you have requested strict checking.\r\nHost key verification failed.", "not in known_hosts"),
+        (
+            "Failed to connect to the host via ssh: No ED25519 host key is known for 10.1.1.2 and you have requested strict checking.\r\nHost key verification failed.",
+            "not in known_hosts",
+        ),
         ("Failed to connect to the host via ssh: root@10.1.1.2: Permission denied (publickey).", "login was refused"),
-        ("Failed to connect to the host via ssh: ssh: Could not resolve hostname nosuch: Name or service not known", "does not resolve"),
+        (
+            "Failed to connect to the host via ssh: ssh: Could not resolve hostname nosuch: Name or service not known",
+            "does not resolve",
+        ),
         ("Failed to connect to the host via ssh: ssh: connect to host 127.0.0.1 port 1: Connection refused", "unreachable"),
     ],
 )

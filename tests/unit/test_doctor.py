@@ -169,3 +169,13 @@ def test_the_doctor_imports_what_loads_each_runtime():
     assert "sklearn.ensemble" in doctor.COMPONENT_MODULES["core"]
     assert doctor.COMPONENT_MODULES["tensorflow"] == ("tensorflow",)
     assert "ray.tune" in doctor.COMPONENT_MODULES["distributed"]
+
+
+def test_the_doctor_names_the_generation_behind_the_environments_link(tmp_path):
+    gen = tmp_path / "mlstack-envs" / "3f2a9c1d0b7e"
+    gen.mkdir(parents=True)
+    (tmp_path / "mlstack").symlink_to(gen)
+    assert doctor.generation(str(tmp_path / "mlstack")) == "3f2a9c1d0b7e"
+    assert doctor.generation(str(gen)) == "3f2a9c1d0b7e"
+    (tmp_path / "own").mkdir()
+    assert doctor.generation(str(tmp_path / "own")) is None  # a user's environment used in place

@@ -626,3 +626,25 @@ def test_status_names_the_file_and_what_repairs_it(tmp_path, capsys, monkeypatch
     assert cli.main(["--expected-dir", str(d)]) == 1
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("thread_env  OMP"))
     assert row.endswith(f"drifted: a login shell of ml has OMP_NUM_THREADS=64; {omp['repair']}")
+
+
+def test_link_probe_reads_the_ml_environments_live_generation_and_the_textfile_names_it(tmp_path):
+    store = tmp_path / "opt" / "mlstack-envs"
+    (store / "aaaaaaaaaaaa").mkdir(parents=True)
+    (store / "bbbbbbbbbbbb").mkdir()
+    link = tmp_path / "opt" / "mlstack"
+    link.symlink_to("/opt/mlstack-envs/aaaaaaaaaaaa")
+    check = {"role": "mlstack", "name": "ML environment generation", "probe": "link", "path": "/opt/mlstack",
+             "expected": "/opt/mlstack-envs/aaaaaaaaaaaa", "detail": "rolled back"}
+    probes = probing.Probes(str(tmp_path))
+    assert probes.measure(check) == ("/opt/mlstack-envs/aaaaaaaaaaaa", "ok", "")
+    link.unlink()
+    link.symlink_to("/opt/mlstack-envs/bbbbbbbbbbbb")
+    assert probes.measure(check) == ("/opt/mlstack-envs/bbbbbbbbbbbb", "drifted", "rolled back")
+    result = report.report(report.measure_all([check], probes), 0.1, host="box")
+    samples = report.metric_samples(result, {}, 1.0)
+    [info] = [m for m in samples if m[0] == "provisioner_mlstack_generation_info"]
+    assert info[3] == [({"generation": "bbbbbbbbbbbb", "expected": "aaaaaaaaaaaa"}, 1.0)]
+    link.unlink()
+    link.mkdir()
+    assert probes.measure(check) == (None, "drifted", "/opt/mlstack is not a symlink")

@@ -311,6 +311,15 @@ class Probes:
         live = f"{active.strip() or 'unknown'} {enabled.strip() or 'unknown'}"
         return compare(live, expected, f"{unit} is {live}")
 
+    # a symlink the role points (the ML environment at its live generation): its target
+    def probe_link(self, check: dict[str, Any], expected: str) -> Reading:
+        path = check["path"]
+        try:
+            live = os.readlink(self.path(path))
+        except OSError:
+            return None, DRIFTED, f"{path} is not a symlink"
+        return compare(live, expected, check.get("detail") or f"{path} points at {live}")
+
     # a file the role writes: its content by SHA-256
     def probe_file(self, check: dict[str, Any], expected: str) -> Reading:
         path = check["path"]

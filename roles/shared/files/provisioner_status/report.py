@@ -126,6 +126,12 @@ def metric_samples(result: dict[str, Any], plan: dict[str, Any], now: float) -> 
             numbers.append(({"key": key}, float(value)))
         elif isinstance(value, str):
             strings.append(({"key": key, "value": value}, 1.0))
+    # The ML environment's live generation and the one the last run applied (role mlstack's link setting).
+    generations = [
+        ({"generation": os.path.basename(str(s["live"] or "")), "expected": os.path.basename(s["expected"])}, 1.0)
+        for s in result["settings"]
+        if s.get("probe") == "link" and s["role"] == "mlstack"
+    ]
     return [
         (
             "provisioner_setting_drifted",
@@ -142,6 +148,12 @@ def metric_samples(result: dict[str, Any], plan: dict[str, Any], now: float) -> 
         ("provisioner_status_last_run_timestamp_seconds", "When the drift check last ran", (), [({}, now)]),
         ("provisioner_plan_value", "A numeric value of the plan the host was provisioned with", ("key",), numbers),
         ("provisioner_plan_info", "A string value of the plan the host was provisioned with", ("key", "value"), strings),
+        (
+            "provisioner_mlstack_generation_info",
+            "The ML environment's live generation, and the one the last provisioner run applied",
+            ("generation", "expected"),
+            generations,
+        ),
     ]
 
 
