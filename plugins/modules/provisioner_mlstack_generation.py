@@ -95,8 +95,20 @@ removed:
   type: list
   returned: always
 restart:
-  description: With O(state=live), the services matching O(services) that run from the previous generation.
+  description: With O(state=live), the services matching O(services) that run from another generation.
   type: list
+  returned: always
+still_on_previous:
+  description: With O(state=live), the other services that run from another generation (never restarted here).
+  type: list
+  returned: with O(state=live)
+legacy:
+  description: O(link) is a real directory (an environment made before generations, or the user's own).
+  type: bool
+  returned: always
+foreign:
+  description: Something is at O(link) that is not a link to a generation of O(store).
+  type: bool
   returned: always
 """
 
@@ -172,8 +184,8 @@ def tree_bytes(path: str) -> tuple[int, int]:
 
 
 def users_of(paths: list[str], proc: str = "/proc") -> dict[str, list[int]]:
-    """For each directory in PATHS, the pids whose executable, working directory or mapped files lie
-    under it (a running job keeps its generation's files until it ends)."""
+    """For each directory in PATHS, the pids whose executable, working directory, open files or
+    mapped files lie under it (a running job keeps its generation's files until it ends)."""
     found: dict[str, list[int]] = {p: [] for p in paths}
     prefixes = [(p, os.path.realpath(p).rstrip("/") + "/") for p in paths]
     try:
@@ -185,6 +197,13 @@ def users_of(paths: list[str], proc: str = "/proc") -> dict[str, list[int]]:
         for what in ("exe", "cwd"):
             with contextlib.suppress(OSError):
                 seen.add(os.readlink(os.path.join(proc, str(pid), what)))
+        # The start-up hook (provisioner_generation) keeps its generation's directory open for
+        # the process's life: a job that has imported only pure-Python modules shows here.
+        fds = os.path.join(proc, str(pid), "fd")
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fds):
+                with contextlib.suppress(OSError):
+                    seen.add(os.readlink(os.path.join(fds, fd)))
         try:
             with open(os.path.join(proc, str(pid), "maps"), encoding="utf-8", errors="replace") as f:
                 for line in f:
@@ -213,10 +232,35 @@ def unit_of(pid: int, proc: str = "/proc") -> str | None:
     return None
 
 
-def services_on(path: str, patterns: list[str], proc: str = "/proc") -> list[str]:
-    """The services matching PATTERNS with a process that runs from PATH, in name order."""
-    units = {unit_of(pid, proc) for pid in users_of([path], proc)[path]}
-    return sorted(u for u in units if u and any(fnmatch.fnmatchcase(u, p) for p in patterns))
+def services_on(paths: list[str], proc: str = "/proc") -> list[str]:
+    """The services with a process that runs from one of PATHS, in name order."""
+    found = users_of(paths, proc)
+    return sorted({u for pids in found.values() for pid in pids if (u := unit_of(pid, proc))})
+
+
+def matching(units: list[str], patterns: list[str]) -> list[str]:
+    return [u for u in units if any(fnmatch.fnmatchcase(u, p) for p in patterns)]
+
+
+def others(store: str, live: str) -> list[str]:
+    """Every directory of the store but the live generation (earlier ones, moved-aside ones)."""
+    if not os.path.isdir(store):
+        return []
+    real = os.path.realpath(live)
+    return [p for e in sorted(os.listdir(store)) if os.path.isdir(p := os.path.join(store, e)) and os.path.realpath(p) != real]
+
+
+def recorded(link: str, store: str) -> dict:
+    """The history, with the live generation in it even when the file lost it (a run stopped
+    between the rename and the write, the file removed): a live generation is never taken for an
+    unfinished build."""
+    history = read_history(store)
+    live = live_name(link, store)
+    if live and live not in history["builds"]:
+        history["builds"][live] = {"built": None, "bytes": None, "own_bytes": None}
+        if not any(e.get("name") == live for e in history["live"]):
+            history["live"].append({"name": live, "since": None})
+    return history
 
 
 def ordered(history: dict, store: str) -> list[str]:
@@ -224,11 +268,11 @@ def ordered(history: dict, store: str) -> list[str]:
     live: by build time, after them)."""
     turn = {entry.get("name"): i for i, entry in enumerate(history["live"])}
     names = [n for n in history["builds"] if os.path.isdir(os.path.join(store, n))]
-    return sorted(names, key=lambda n: (turn.get(n, -1), history["builds"][n].get("built", "")), reverse=True)
+    return sorted(names, key=lambda n: (turn.get(n, -1), history["builds"][n].get("built") or ""), reverse=True)
 
 
 def describe(link: str, store: str, with_users: bool = True) -> dict:
-    history = read_history(store)
+    history = recorded(link, store)
     names = ordered(history, store)
     users = users_of([os.path.join(store, n) for n in names]) if with_users else {}
     last_live = {e["name"]: e["since"] for e in history["live"]}
@@ -257,6 +301,7 @@ def describe(link: str, store: str, with_users: bool = True) -> dict:
     return {
         "live": live,
         "legacy": os.path.isdir(link) and not os.path.islink(link),
+        "foreign": os.path.lexists(link) and live is None,
         "generations": generations,
         "free_bytes": free,
     }
@@ -316,15 +361,12 @@ def rewrite_prefix(directory: str, old: str, new: str) -> list[str]:
     return changed
 
 
-def space_needed(history: dict, store: str) -> int | None:
-    """What a new build may write: the last build's own bytes plus a tenth and 64 MiB (None before
-    any build: pip says so itself if the disk fills)."""
-    names = sorted(history["builds"], key=lambda n: history["builds"][n].get("built", ""))
-    for n in reversed(names):
-        own = history["builds"][n].get("own_bytes")
-        if isinstance(own, int):
-            return int(own * 1.1) + MARGIN_BYTES
-    return None
+def space_needed(history: dict) -> int | None:
+    """What a new build may write: the largest build's own bytes (a build from nothing, or the
+    largest change a copy took) plus a tenth and 64 MiB; None before any build (pip says so
+    itself if the disk fills)."""
+    sizes = [b.get("own_bytes") for b in history["builds"].values() if isinstance(b.get("own_bytes"), int)]
+    return int(max(sizes) * 1.1) + MARGIN_BYTES if sizes else None
 
 
 def gib(n: int) -> str:
@@ -334,18 +376,20 @@ def gib(n: int) -> str:
 def prepare(link: str, store: str, name: str, clone: bool, check: bool) -> dict:
     """The directory of generation NAME, ready for pip (a hard-link copy of the live one with CLONE)."""
     path = os.path.join(store, name)
-    history = read_history(store)
+    history = recorded(link, store)
     if name in history["builds"] and os.path.isdir(path):
         return {"changed": False, "path": path, "built": True, "msg": f"generation {name} is built already"}
-    needed = space_needed(history, store)
+    if os.path.lexists(path) and not check:  # an unfinished build of an earlier run: its space counts as free
+        shutil.rmtree(path)
+    needed = space_needed(history)
     free = describe(link, store, with_users=False)["free_bytes"]
     if needed is not None and free is not None and free < needed:
         return {
             "failed": True,
             "msg": (
-                f"mlstack: a new generation needs about {gib(needed)} beside the kept ones (the last build's size plus"
-                f" a margin) and {store} has {gib(free)} free: free space there, or keep fewer generations"
-                f" (mlstack_generations_kept)"
+                f"mlstack: a new generation needs about {gib(needed)} beside the kept ones (the largest build's own size"
+                f" plus a margin) and {store} has {gib(free)} free: free space on that filesystem (the generations"
+                f" kept are listed in {os.path.join(store, HISTORY)})"
             ),
         }
     live = os.path.realpath(link) if os.path.isdir(link) else None
@@ -354,54 +398,88 @@ def prepare(link: str, store: str, name: str, clone: bool, check: bool) -> dict:
     if check:
         return result
     os.makedirs(store, mode=0o755, exist_ok=True)
-    if os.path.lexists(path):  # an unfinished build of an earlier run
-        shutil.rmtree(path)
     if source:
         subprocess.run(["cp", "-a", "-l", "--", source, path], check=True)
         result["rewritten"] = rewrite_prefix(path, source, path)
     return result
 
 
+RENAME_EXCHANGE = 2
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap the paths A and B in one step (renameat2 RENAME_EXCHANGE); False where the kernel or
+    the filesystem cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    return renameat2(at_fdcwd, a.encode(), at_fdcwd, b.encode(), RENAME_EXCHANGE) == 0
+
+
 def switch(link: str, store: str, name: str, check: bool, services: list[str] | None = None) -> dict:
-    """Record NAME as built and point LINK at it with one rename; name the SERVICES that still run
-    from the generation it replaced."""
+    """Record NAME as built and point LINK at it in one step. RESTART: the services matching
+    SERVICES that run from another generation (the one it replaced, or one a restart that failed
+    left them on); STILL_ON_PREVIOUS: the other services that do (never restarted here)."""
     path = os.path.join(store, name)
     if not os.path.isdir(path):
         return {"failed": True, "msg": f"mlstack: generation {name} does not exist in {store}"}
     previous = live_name(link, store)
-    before = os.path.realpath(link) if os.path.isdir(link) else None
-    history = read_history(store)
-    if previous == name and name in history["builds"]:
-        return {"changed": False, "live": name, "previous": previous, "restart": []}
-    restart = services_on(before, list(services or [])) if before and before != os.path.realpath(path) else []
-    result = {"changed": True, "live": name, "previous": previous, "moved_aside": None, "restart": restart}
-    if check:
+    history = recorded(link, store)
+    switching = not (previous == name and name in history["builds"])
+    stale = [p for p in others(store, path) if os.path.realpath(p) != os.path.realpath(path)]
+    if os.path.isdir(link) and not os.path.islink(link):
+        stale.append(link)
+    units = services_on(stale) if stale else []
+    restart = matching(units, list(services or []))
+    result = {
+        "changed": switching or bool(restart),
+        "live": name,
+        "previous": previous,
+        "moved_aside": None,
+        "restart": restart,
+        "still_on_previous": [u for u in units if u not in restart],
+    }
+    if check or not switching:
         return result
-    if name not in history["builds"]:
+    if name not in history["builds"] or history["builds"][name].get("bytes") is None:
         total, own = tree_bytes(path)
         history["builds"][name] = {"built": now(), "bytes": total, "own_bytes": own}
-    if os.path.isdir(link) and not os.path.islink(link):
-        aside = os.path.join(store, f"{LEGACY_PREFIX}{time.strftime('%Y%m%d%H%M%S')}")
-        os.rename(link, aside)
-        result["moved_aside"] = aside
+    history["live"] = [e for e in history["live"] if e.get("name") != name] + [{"name": name, "since": now()}]
+    write_history(store, history)  # first: a stop after the rename still finds the live one recorded
     tmp = os.path.join(os.path.dirname(link), f".{os.path.basename(link)}.{os.getpid()}.tmp")
     if os.path.lexists(tmp):
         os.unlink(tmp)
     os.symlink(path, tmp)
-    os.replace(tmp, link)
-    history["live"] = [e for e in history["live"] if e.get("name") != name] + [{"name": name, "since": now()}]
-    write_history(store, history)
+    if os.path.isdir(link) and not os.path.islink(link):
+        # An environment of a release before generations: the link and the directory swap places
+        # in one step, then the directory goes aside; where the swap is not possible, two renames.
+        aside = os.path.join(store, f"{LEGACY_PREFIX}{time.strftime('%Y%m%d%H%M%S')}")
+        if exchange(tmp, link):
+            os.rename(tmp, aside)
+        else:
+            os.rename(link, aside)
+            os.replace(tmp, link)
+        result["moved_aside"] = aside
+    else:
+        os.replace(tmp, link)
     return result
 
 
 def prune(link: str, store: str, keep: int, check: bool, spare: str | None = None) -> dict:
     """Keep the live generation and the KEEP - 1 most recently live others; remove the rest, the
-    unfinished builds (but SPARE) and the moved-aside directories, except those a process uses."""
-    history = read_history(store)
+    unfinished builds (but SPARE) and the moved-aside directories, except those a process uses.
+    The link's target is never removed."""
+    history = recorded(link, store)
     live = live_name(link, store)
+    target = os.path.realpath(link) if os.path.lexists(link) else None
     names = ordered(history, store)
-    others = [n for n in names if n != live]
-    stay = set([live] if live else []) | set(others[: max(keep - 1, 0)])
+    rest = [n for n in names if n != live]
+    stay = set([live] if live else []) | set(rest[: max(keep - 1, 0)])
     candidates = [n for n in names if n not in stay]
     if os.path.isdir(store):
         for entry in sorted(os.listdir(store)):
@@ -410,6 +488,7 @@ def prune(link: str, store: str, keep: int, check: bool, spare: str | None = Non
                 continue
             if entry.startswith(LEGACY_PREFIX) or (NAME_RE.match(entry) and entry not in history["builds"]):
                 candidates.append(entry)
+    candidates = [n for n in candidates if os.path.realpath(os.path.join(store, n)) != target]
     users = users_of([os.path.join(store, n) for n in candidates])
     removed, in_use = [], {}
     for n in candidates:
@@ -430,14 +509,14 @@ def prune(link: str, store: str, keep: int, check: bool, spare: str | None = Non
 def remove(link: str, store: str, name: str | None, check: bool) -> dict:
     """Remove generation NAME (never the live one), or the link and the whole store."""
     if name:
-        if name == live_name(link, store):
+        if name == live_name(link, store) or os.path.realpath(os.path.join(store, name)) == os.path.realpath(link):
             return {"failed": True, "msg": f"mlstack: generation {name} is live; switch to another before removing it"}
         path = os.path.join(store, name)
         if not os.path.lexists(path):
             return {"changed": False, "removed": []}
         if not check:
             shutil.rmtree(path)
-            history = read_history(store)
+            history = recorded(link, store)
             if name in history["builds"]:
                 history["builds"].pop(name)
                 write_history(store, history)
@@ -481,7 +560,7 @@ def run(params: dict, check: bool) -> dict:
     result.setdefault("restart", [])
     info = describe(link, store)
     result.setdefault("live", info["live"])
-    result.update(generations=info["generations"], legacy=info["legacy"], free_bytes=info["free_bytes"])
+    result.update(generations=info["generations"], legacy=info["legacy"], foreign=info["foreign"], free_bytes=info["free_bytes"])
     return result
 
 

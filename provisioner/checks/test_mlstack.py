@@ -50,7 +50,8 @@ def test_environment_belongs_to_the_ml_user(host, venv, owner):
     # A symlink to the live generation (mlstack_venv-envs/HASH), or the user's own directory used in place.
     if d.is_symlink:
         d = host.file(d.linked_to)
-        assert d.is_directory and d.path.startswith(f"{venv.rstrip('/')}-envs/"), f"{venv} points at {d.path}, not a generation"
+        parent = d.path.rstrip("/").rsplit("/", 2)[-2]
+        assert d.is_directory and parent.endswith("-envs"), f"{venv} points at {d.path}, not a generation"
     assert d.user == owner, f"{d.path} belongs to {d.user}, not {owner}"
     python = host.file(f"{venv}/bin/python")
     assert python.exists
