@@ -21,9 +21,9 @@ description:
   - O(state=prepared) makes the directory of generation O(name) for a build, a hard-link copy of the live
     generation (O(clone)), with the scripts' interpreter lines and the activate scripts pointed at the new
     directory, so pip only installs what changed. It refuses, before anything is written, a build that would
-    not fit beside the kept generations (the size of the last build plus a tenth and 64 MiB).
+    not fit beside the kept generations (the largest build's own size plus a tenth and 64 MiB).
   - O(state=live) records O(name) as built and switches the link to it. A link that is still a real directory
-    (an environment from a release before generations) is moved aside in the store first.
+    (an environment from a release before generations) swaps places with the link and goes aside in the store.
   - O(state=pruned) keeps the live generation and the O(keep) - 1 most recently live others and removes the
     rest, the unfinished builds and the moved-aside directories, except what a running process still uses.
   - O(state=absent) removes generation O(name) (never the live one), or without O(name) the link and the
@@ -431,7 +431,7 @@ def switch(link: str, store: str, name: str, check: bool, services: list[str] | 
     previous = live_name(link, store)
     history = recorded(link, store)
     switching = not (previous == name and name in history["builds"])
-    stale = [p for p in others(store, path) if os.path.realpath(p) != os.path.realpath(path)]
+    stale = others(store, path)
     if os.path.isdir(link) and not os.path.islink(link):
         stale.append(link)
     units = services_on(stale) if stale else []
