@@ -82,7 +82,21 @@ def test_molecule(scenario: str, lab_requirements: object) -> None:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_scenario_checks_host_keys_and_keeps_no_mux(scenario: str) -> None:
-    env = scenario_config(scenario)["provisioner"]["env"]
+def test_scenario_checks_host_keys_and_keeps_connections_only_within_its_servers_life(scenario: str) -> None:
+    config = scenario_config(scenario)
+    env = config["provisioner"]["env"]
     assert env["ANSIBLE_HOST_KEY_CHECKING"] == "True"
+    # The Ansible runs: ssh keeps the first value of an option, and these come first.
     assert "ControlMaster=no" in env["ANSIBLE_SSH_ARGS"] and "StrictHostKeyChecking=yes" in env["ANSIBLE_SSH_ARGS"]
+    # The checks' kept connections: sockets in the scenario's own directory, closed by its create
+    # (what an interrupted run left) and its destroy, before any server goes or comes.
+    options = config["driver"]["ssh_connection_options"]
+    assert "-o ControlPath=${MOLECULE_EPHEMERAL_DIRECTORY}/mux-%C" in options, options
+    for step in ("create", "destroy"):
+        book = ROOT / "molecule" / scenario / config["provisioner"]["playbooks"][step]
+        plays = yaml.safe_load(book.read_text())
+        while "ansible.builtin.import_playbook" in plays[-1]:  # the lab servers' play comes last
+            book = book.parent / plays[-1]["ansible.builtin.import_playbook"]
+            plays = yaml.safe_load(book.read_text())
+        first = plays[-1]["tasks"][0]
+        assert first.get("ansible.builtin.import_tasks", "").endswith("close_connections.yml"), (book, first)

@@ -71,9 +71,15 @@ def fraud_row() -> dict:
 
 # A wrk script posting one JSON row; wrk prints the non-2xx count and socket errors only when
 # there are any, and the summary line "N requests in ...".
+# Paced: each connection waits DELAY_MS after every answer, a few hundred requests a second per
+# connection, so a worker restarting or killed is still met by requests every millisecond or so
+# while the load leaves most of the two cores to the run it watches (and to the suite's other
+# worker): wrk at full speed took both, which made every build and switch under it twice as long.
+DELAY_MS = 3
 WRK_SCRIPT = """wrk.method = "POST"
 wrk.body = '{body}'
 wrk.headers["Content-Type"] = "application/json"
+function delay() return {delay} end
 """
 
 
@@ -101,7 +107,7 @@ def post(server, path: str, count: int = 1) -> list[tuple[int, str]]:
 
 
 def start_wrk(server, path: str, seconds: int, connections: int = 8) -> subprocess.Popen:
-    script = WRK_SCRIPT.format(body=json.dumps(fraud_row()))
+    script = WRK_SCRIPT.format(body=json.dumps(fraud_row()), delay=DELAY_MS)
     put = ssh(server, f"cat > /tmp/post.lua <<'EOF'\n{script}EOF")
     assert put.returncode == 0, put.stderr
     command = f"wrk -t1 -c{connections} -d{seconds}s -s /tmp/post.lua http://127.0.0.1:{PORT}{path}"
