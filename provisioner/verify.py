@@ -219,10 +219,12 @@ def verify(
     checks.EXTRA_VARS.clear()
     checks.EXTRA_VARS.update(extravars or {})
     checks.RECORDED.clear()
+    checks.STATUS.clear()
     try:
         with redirect_stdout(sink), redirect_stderr(sink), engine.shared_ssh_masters():
             pytest.main(args, plugins=[collector])
     finally:
         checks.EXTRA_VARS.clear()
         checks.RECORDED.clear()
+        checks.STATUS.clear()
     return VerifyResult(collector.results)

@@ -34,6 +34,9 @@ EXTRA_VARS: dict[str, Any] = {}
 # empties this cache around each run of the checks).
 OPTIONS_FILE = "/etc/provisioner/options.json"
 RECORDED: dict[str, dict[str, Any]] = {}
+# What the status script reported on each host, run once for the checks of every role that read
+# it (a run takes seconds: login shells, a service, the doctor); emptied with RECORDED.
+STATUS: dict[tuple[str, str], list[dict[str, Any]]] = {}
 
 
 def applied_plan(host: Any) -> dict[str, Any]:
