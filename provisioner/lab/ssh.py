@@ -3,6 +3,8 @@ inside its overlay, and the files a client uses (known_hosts, inventory.yml, ssh
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +111,23 @@ def inventory(name: str, address: str, key: Path, known_hosts: Path, port: int =
     return {"all": {"children": {"lab": {"hosts": {name: host}}}}}
 
 
-def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int = 22) -> str:
-    """An ssh_config stanza for `ssh -F FILE NAME`: root with the lab key, strict host key, no prompts."""
+# The socket of the connection `ssh -F ssh_config NAME` keeps to a container (in the server's
+# directory, so a later server that gets the same address never reaches it; lab down closes it).
+KEPT_CONNECTION = "ssh-mux"
+KEPT_SECONDS = 60
+
+
+def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int = 22, kept: Path | None = None) -> str:
+    """An ssh_config stanza for `ssh -F FILE NAME`: root with the lab key, strict host key, no prompts.
+
+    KEPT: the socket of one connection every such ssh shares (a new login costs a quarter of a
+    second here, a command over the kept one a fiftieth); without it each makes its own (a VM's,
+    which its reboots would leave hanging on a dead guest)."""
+    reuse = (
+        f"  ControlMaster auto\n  ControlPath {kept}\n  ControlPersist {KEPT_SECONDS}\n"
+        if kept
+        else "  ControlMaster no\n  ControlPath none\n"
+    )
     return (
         f"Host {name}\n"
         f"  HostName {address}\n"
@@ -120,10 +137,7 @@ def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int 
         "  IdentitiesOnly yes\n"
         f"  UserKnownHostsFile {known_hosts}\n"
         "  GlobalKnownHostsFile /dev/null\n"
-        "  StrictHostKeyChecking yes\n"
-        "  ControlMaster no\n"
-        "  ControlPath none\n"
-        "  BatchMode yes\n"
+        "  StrictHostKeyChecking yes\n" + reuse + "  BatchMode yes\n"
         "  LogLevel ERROR\n"
     )
 
@@ -151,7 +165,22 @@ def write_client_files(
         write_file(trusted, record)
     inv = inventory(name, address, key, known_hosts, port, fresh)
     write_file(root / "inventory.yml", yaml.safe_dump(inv, sort_keys=False))
-    write_file(root / "ssh_config", ssh_config(name, address, key, trusted, port))
+    kept = root / KEPT_CONNECTION if port == 22 else None
+    write_file(root / "ssh_config", ssh_config(name, address, key, trusted, port, kept))
+
+
+def close_kept_connection(root: Path) -> None:
+    """End the connection ssh_config keeps to the server in ROOT, if one is open."""
+    socket = root / KEPT_CONNECTION
+    if socket.exists():
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={socket}", "-O", "exit", "lab"],
+                capture_output=True,
+                timeout=10,
+                stdin=subprocess.DEVNULL,
+            )
+        socket.unlink(missing_ok=True)
 
 
 def new_host_key(directory: Path, name: str) -> list[str]:

@@ -21,9 +21,7 @@ pytestmark = pytest.mark.lab
 needs_lab = pytest.mark.usefixtures("lab_requirements")
 
 
-def ssh(
-    server: lab.LabServer, command: str, *extra: str, timeout: float = 60
-) -> subprocess.CompletedProcess:
+def ssh(server: lab.LabServer, command: str, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["ssh", "-F", str(server.ssh_config), *extra, server.name, command],
         stdin=subprocess.DEVNULL,
@@ -44,9 +42,7 @@ def nat_rule_present() -> bool:
 
 
 def host_lab_subnets() -> set[str]:
-    out = subprocess.run(
-        ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True
-    ).stdout
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
     return set(re.findall(r"inet (10\.213\.\d+)\.1/24", out))
 
 
@@ -55,10 +51,7 @@ def ip_forward() -> str:
 
 
 def mounted(path: Path) -> bool:
-    return any(
-        line.split()[4] == str(path)
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-    )
+    return any(line.split()[4] == str(path) for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 def process_alive(pid: int) -> bool:
@@ -74,9 +67,7 @@ def loop_device(tmp_path: Path):
     image = tmp_path / "disk.img"
     with open(image, "wb") as handle:
         handle.truncate(64 * 1024 * 1024)
-    dev = subprocess.run(
-        ["losetup", "-f", "--show", str(image)], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    dev = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True, check=True).stdout.strip()
     try:
         yield dev
     finally:
@@ -103,10 +94,16 @@ def test_down_removes_everything(fresh_lab_server, loop_device: str) -> None:
     assert nat_rule_present() and ip_forward() == "1"
     merged = server.root / "merged"
     assert mounted(merged) and Path(f"/sys/class/net/{server.host_veth}").exists()
+    # The connection `ssh -F ssh_config` keeps (the ssh above made it) ends with the server.
+    kept = server.root / "ssh-mux"
+    assert kept.is_socket()
+    master = subprocess.run(["pgrep", "-f", f"^ssh: {kept} "], capture_output=True, text=True).stdout.split()
+    assert master, "no ssh process keeps the connection"
 
     assert lab.down(server.name) is True
 
     assert not process_alive(server.pid) and not process_alive(server.leader_pid)
+    assert not [pid for pid in master if process_alive(int(pid))], "the kept connection outlived its server"
     assert not mounted(merged)
     assert not Path(f"/sys/class/net/{server.host_veth}").exists()
     assert not server.root.exists()
@@ -153,9 +150,7 @@ def test_stale_server_is_recreated(fresh_lab_server) -> None:
     os.killpg(first.pid, signal.SIGKILL)
     os.kill(first.leader_pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(
-        s.alive for s in lab.list_servers() if s.name == first.name
-    ):
+    while time.monotonic() < deadline and any(s.alive for s in lab.list_servers() if s.name == first.name):
         time.sleep(0.05)
     assert [s.alive for s in lab.list_servers() if s.name == first.name] == [False]
 
@@ -169,15 +164,15 @@ def test_ssh_works_with_strict_host_key(lab_server: lab.LabServer, tmp_path: Pat
     ok = ssh(lab_server, "true")
     assert ok.returncode == 0, ok.stderr
     known = lab_server.known_hosts.read_text().split()
-    assert (
-        known[0] == lab_server.address and len(lab_server.known_hosts.read_text().splitlines()) == 1
-    )
+    assert known[0] == lab_server.address and len(lab_server.known_hosts.read_text().splitlines()) == 1
 
     other = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     wrong = tmp_path / "known_hosts"
     wrong.write_text(f"{lab_server.address} {Path(str(other) + '.pub').read_text()}")
-    bad = ssh(lab_server, "true", "-o", f"UserKnownHostsFile={wrong}", "-o", "LogLevel=ERROR")
+    # A login of its own: over the connection the first ssh kept, no host key is checked again.
+    own = ("-o", "ControlMaster=no", "-o", "ControlPath=none")
+    bad = ssh(lab_server, "true", *own, "-o", f"UserKnownHostsFile={wrong}", "-o", "LogLevel=ERROR")
     assert bad.returncode == 255
     assert "host key" in bad.stderr.lower() or "identification has changed" in bad.stderr.lower()
 

@@ -300,6 +300,8 @@ def test_client_files_of_a_vm_name_its_forwarded_port(tmp_path: Path) -> None:
     assert host["ansible_timeout"] >= 30  # an ssh login under emulation takes seconds
     config = (tmp_path / "ssh_config").read_text().splitlines()
     assert "  HostName 127.0.0.1" in config and "  Port 40022" in config
+    # A VM's logins are each their own: a kept one would hang on the guest a reboot took away.
+    assert "  ControlMaster no" in config and "  ControlPath none" in config
     ssh.write_client_files(tmp_path, "pv-unit", "10.213.5.2", key, ["ssh-ed25519", "AAAAC3Nza"])
     host = yaml.safe_load((tmp_path / "inventory.yml").read_text())["all"]["children"]["lab"]["hosts"]["pv-unit"]
     assert "ansible_port" not in host and "ansible_timeout" not in host
