@@ -714,6 +714,8 @@ def tune(
         result = results.get(members[0])
         if result is None:
             continue
+        # What a kernel knob changed and put back, and what a run that never ended had left (its journal).
+        messages += [f"{members[0]}: {said}" for said in result.get("restored", []) + result.get("put_back", [])]
         if result.get("refused"):
             messages.append(f"{members[0]}: {result['refused']}")
             continue

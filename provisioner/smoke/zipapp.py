@@ -35,7 +35,7 @@ SMOKE_STUB = (
 )
 PREFIX = "provisioner_smoke-"
 # The host half of `provisioner tune` (the control node's write-back and proposal are not shipped).
-HOST_TUNE = ("__init__.py", "driver.py", "knobs.py", "pairs.py")
+HOST_TUNE = ("__init__.py", "driver.py", "knobs.py", "live.py", "pairs.py")
 
 
 def sources(package: Path = PACKAGE) -> dict[str, bytes]:

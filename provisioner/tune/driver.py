@@ -25,6 +25,7 @@ from typing import Any
 
 from . import knobs as knob_table
 from . import pairs
+from .live import Live
 
 STATE_DIR = "/var/lib/provisioner/tune"
 STUDIES = "studies.db"
@@ -100,8 +101,11 @@ def context_key(**parts: Any) -> str:
 class _Search:
     """One tune run on this host: the runner's workers, the study, the clock and what the budget has left."""
 
-    def __init__(self, runner: Any, ledger: Ledger, clock: Callable[[], float], budget: float, spec: dict[str, Any]):
+    def __init__(
+        self, runner: Any, ledger: Ledger, clock: Callable[[], float], budget: float, spec: dict[str, Any], live: Live | None
+    ):
         self.runner, self.ledger, self.clock, self.budget = runner, ledger, clock, budget
+        self.live = live  # the kernel's settings the run changes and puts back (None: a kernel knob is not searched)
         self.started = clock()
         self.cores = int(runner.cpu["physical_cores"])
         self.logical = int(runner.cpu.get("logical_cpus") or self.cores)
@@ -120,21 +124,30 @@ class _Search:
         pair = self.pair_s.get(workload, max(self.pair_s.values(), default=0.0))
         return self.clock() - self.started + pair <= self.budget
 
-    def measure(self, workload: str, objective: Any, env: knob_table.Env) -> float:
+    def measure(self, workload: str, objective: Any, env: knob_table.Env, live: knob_table.Live = ()) -> float:
+        if live and self.live is not None:
+            self.live.set(live)
         result = self.runner.worker(workload, tune=True, env=env)
         if "error" in result or "skipped" in result:
             raise RuntimeError(result.get("error") or result.get("skipped"))
         return float(objective.figure(result))
 
     def candidate(
-        self, workload: str, objective: Any, rule_env: knob_table.Env, cand_env: knob_table.Env, partial: list[float], trial: Any
+        self,
+        workload: str,
+        objective: Any,
+        rule: tuple[knob_table.Env, knob_table.Live],
+        cand: tuple[knob_table.Env, knob_table.Live],
+        partial: list[float],
+        trial: Any,
     ) -> tuple[pairs.Verdict | None, bool, list[dict[str, float]]]:
-        """The pairs of one candidate against the rule, each pair's figures, resumed from PARTIAL."""
+        """The pairs of one candidate against the rule (each side: its variables and kernel settings),
+        each pair's figures, resumed from PARTIAL."""
         figures: list[dict[str, float]] = []
         last = [self.clock()]
 
-        def side(env: knob_table.Env, who: str) -> float:
-            value = self.measure(workload, objective, env)
+        def side(how: tuple[knob_table.Env, knob_table.Live], who: str) -> float:
+            value = self.measure(workload, objective, *how)
             if not figures or len(figures[-1]) == 2:
                 figures.append({})
             figures[-1][who] = value
@@ -147,8 +160,8 @@ class _Search:
             trial.set_user_attr("ratios", list(ratios))
 
         verdict, decided = pairs.compare_within(
-            lambda: side(rule_env, "rule"),
-            lambda: side(cand_env, "candidate"),
+            lambda: side(rule, "rule"),
+            lambda: side(cand, "candidate"),
             objective.higher_is_better,
             ratios=partial,
             on_pair=on_pair,
@@ -156,15 +169,30 @@ class _Search:
         )
         return verdict, decided, figures
 
-    def knob(self, workload: str, objective: Any, knob: str, rule: Any, base: knob_table.Env) -> dict[str, Any]:
-        """Every candidate of KNOB against the rule (BASE: the values kept for the knobs before it)."""
-        rule_env = {**base, **knob_table.KNOBS[knob].env(rule, self.cores)}
+    def knob(
+        self, workload: str, objective: Any, knob: str, rule: Any, base: knob_table.Env, base_live: knob_table.Live = ()
+    ) -> dict[str, Any]:
+        """Every candidate of KNOB against the rule (BASE, BASE_LIVE: the values kept for the knobs before it)."""
+        spec = knob_table.KNOBS[knob]
+        if spec.sysfs:
+            why = self.live.unavailable(spec.sysfs) if self.live is not None else "no kernel setting is changed by this run"
+            if why:
+                return {"skipped": why}
+        rule_side = ({**base, **spec.env(rule, self.cores)}, with_live(base_live, spec.live(rule)))
         cands = knob_table.candidates(knob, rule, self.cores, self.logical, self.oversubscribe)
         # A study resumes only for the same rule, earlier values, cores and code (the archive's name is its sources' hash).
         code = getattr(self.runner, "code", "")
         labels = [c.label for c in cands]
         # The candidates too: Optuna keeps one list of choices per study.
-        key = context_key(rule=rule, base=base, cores=self.cores, sizes=self.runner.args.profile, code=code, labels=labels)
+        context = {
+            "rule": rule,
+            "base": base,
+            "cores": self.cores,
+            "sizes": self.runner.args.profile,
+            "code": code,
+            "labels": labels,
+        }
+        key = context_key(**context, **({"live": list(base_live)} if base_live else {}))
         study = self.ledger.study(f"{workload}.{knob}.{key}")
         record: dict[str, Any] = {"rule": rule, "candidates": [], "tuned": None}
         for cand in cands:
@@ -176,7 +204,8 @@ class _Search:
                 continue
             trial = self.ledger.begin(study, cand.label, labels)
             try:
-                verdict, decided, figures = self.candidate(workload, objective, rule_env, {**base, **cand.env}, partial, trial)
+                cand_side = ({**base, **cand.env}, with_live(base_live, cand.live))
+                verdict, decided, figures = self.candidate(workload, objective, rule_side, cand_side, partial, trial)
             except RuntimeError as exc:
                 self.ledger.finish(study, trial, None, False)
                 record["candidates"].append({"value": cand.value, "label": cand.label, "error": str(exc)})
@@ -209,6 +238,11 @@ class _Search:
         return record
 
 
+def with_live(base: knob_table.Live, own: knob_table.Live) -> knob_table.Live:
+    """The kernel settings of one side: those kept before, with this knob's own over them."""
+    return tuple(sorted({**dict(base), **dict(own)}.items()))
+
+
 def run(
     runner: Any,
     spec: dict[str, Any],
@@ -216,13 +250,39 @@ def run(
     ledger: Ledger,
     clock: Callable[[], float] = time.monotonic,
     busy: Callable[[], float] | None = None,
+    live: Live | None = None,
 ) -> dict[str, Any]:
     """Tune the workloads spec["workloads"] over spec["knobs"] (empty: every knob each responds to)
-    within spec["budget_s"]; the result per workload: knobs, each with its rule, candidates and verdicts."""
+    within spec["budget_s"]; the result per workload: knobs, each with its rule, candidates and verdicts.
+    LIVE: the kernel settings a kernel knob changes, put back when the run ends however it ends, and
+    first what a run that never ended left (its journal)."""
+    out: dict[str, Any] = {"budget_s": float(spec["budget_s"]), "workloads": {}}
+    if live is not None:
+        restored = live.recover()
+        if restored:
+            out["restored"] = restored
+    try:
+        return _run(runner, spec, ledger, clock, busy, live, out)
+    finally:
+        if live is not None:
+            put_back = live.restore()
+            if put_back:
+                out["put_back"] = put_back
+
+
+def _run(
+    runner: Any,
+    spec: dict[str, Any],
+    ledger: Ledger,
+    clock: Callable[[], float],
+    busy: Callable[[], float] | None,
+    live: Live | None,
+    out: dict[str, Any],
+) -> dict[str, Any]:
     from ..smoke.workloads import BY_NAME
 
-    search = _Search(runner, ledger, clock, float(spec["budget_s"]), spec)
-    out: dict[str, Any] = {"budget_s": search.budget, "workloads": {}, "cores": search.cores}
+    search = _Search(runner, ledger, clock, float(spec["budget_s"]), spec, live)
+    out["cores"] = search.cores
     if busy is not None and not spec.get("force"):
         share = busy()
         out["cpu_busy_before"] = share
@@ -241,15 +301,18 @@ def run(
         entry: dict[str, Any] = {"unit": objective.unit, "higher_is_better": objective.higher_is_better, "knobs": {}}
         out["workloads"][name] = entry
         base: knob_table.Env = {}
+        base_live: knob_table.Live = ()
         for knob in wanted:
             rule = runner.plan.get(knob)
             if rule is None:
                 entry["knobs"][knob] = {"skipped": f"the plan has no {knob}: run provisioner up first"}
                 continue
-            record = search.knob(name, objective, knob, rule, base)
+            record = search.knob(name, objective, knob, rule, base, base_live)
             entry["knobs"][knob] = record
-            if record["tuned"]:
-                base = {**base, **knob_table.KNOBS[knob].env(record["tuned"]["value"], search.cores)}
+            if record.get("tuned"):
+                value = record["tuned"]["value"]
+                base = {**base, **knob_table.KNOBS[knob].env(value, search.cores)}
+                base_live = with_live(base_live, knob_table.KNOBS[knob].live(value))
     out["seconds"] = round(clock() - search.started, 2)
     if search.stopped:
         out["stopped"] = search.stopped

@@ -1,7 +1,9 @@
 """The knobs tune searches: plan values it can apply to one measurement the way the roles apply them.
 
 A knob is a value of the plan (provisioner.plan) that a user's code receives through the
-environment role thread_env writes for the ML user's login shells. To measure a candidate, tune
+environment role thread_env writes for the ML user's login shells, or a setting of the kernel's
+that role cpu_tuning writes (THP's mode: set for each measurement, put back after the run,
+provisioner.tune.live). To measure a candidate, tune
 runs the workload exactly so: the same login shell, with the knob's variables set to the
 candidate (or left unset: the library's own default). Written back, the value becomes the plan's
 override (plan_<knob>) and `provisioner up` makes thread_env write the same variables.
@@ -23,16 +25,27 @@ from typing import Any
 Env = dict[str, "str | None"]  # variable -> value; None: unset (the library's default)
 
 
+Live = tuple[tuple[str, str], ...]  # (kernel file, value): what a kernel knob writes for one measurement
+
+
 @dataclass(frozen=True)
 class Knob:
     name: str  # the plan value, and plan_<name> its override
     lowest: int  # the smallest count that is a candidate
     env: Callable[[Any, int], Env]  # (value, physical cores) -> the variables that carry it
     default: int | None = None  # the library's own count; None: the logical CPUs (a pool sized by the machine)
+    # A setting of the kernel's: its values (every one a candidate), the file it is set in for each
+    # measurement and put back from after the run (provisioner.tune.live), the plan's option for it.
+    choices: tuple[str, ...] = ()
+    sysfs: str = ""
+    override: str = ""
 
     @property
     def option(self) -> str:
-        return f"plan_{self.name}"
+        return self.override or f"plan_{self.name}"
+
+    def live(self, value: Any) -> Live:
+        return ((self.sysfs, str(value)),) if self.sysfs else ()
 
 
 def _polars(value: Any, _cores: int) -> Env:
@@ -59,9 +72,17 @@ def _trials(value: Any, _cores: int) -> Env:
     return {"PROVISIONER_TUNE_TRIALS": str(int(value))}
 
 
+def _none(_value: Any, _cores: int) -> Env:
+    return {}
+
+
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
 # Polars' pool, and joblib/loky's workers of n_jobs=-1 (both default to the logical CPUs); the
 # DataLoader's worker processes (the library's default 0: batches load in the training process);
-# parallel trials of a study (Optuna's default n_jobs=1: one trial at a time, with every core).
+# parallel trials of a study (Optuna's default n_jobs=1: one trial at a time, with every core);
+# transparent huge pages' mode, the kernel's (every mode a candidate, the stock one among them: a
+# distribution's kernel boots with always or madvise), set live for each measurement and put back.
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
@@ -69,6 +90,7 @@ KNOBS: dict[str, Knob] = {
         Knob("joblib_workers", 1, _joblib),
         Knob("dataloader_workers", 0, _dataloader, default=0),
         Knob("trials", 1, _trials, default=1),
+        Knob("thp_enabled", 0, _none, choices=("always", "madvise", "never"), sysfs=THP_ENABLED, override="plan_thp"),
     )
 }
 
@@ -78,6 +100,7 @@ class Candidate:
     value: Any
     env: Env
     default: bool = False  # the library's own default count
+    live: Live = ()  # a kernel knob's file and value, written before each of its measurements
 
     @property
     def label(self) -> str:
@@ -91,6 +114,8 @@ def candidates(
     count from the knob's lowest to the cores (the DataLoader's workers to one less), and the library's default where it is not one of them
     (with more logical CPUs than cores, only with allow_oversubscription)."""
     knob = KNOBS[name]
+    if knob.choices:
+        return [Candidate(v, knob.env(v, cores), live=knob.live(v)) for v in knob.choices if v != rule]
     # Worker processes next to a training thread: at most cores - 1 of them, as the plan allows
     # (plan_dataloader_workers), unless oversubscription is.
     top = cores - 1 if knob.lowest == 0 and not allow_oversubscription else cores

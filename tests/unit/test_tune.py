@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from provisioner.errors import BadInput
-from provisioner.tune import driver, knobs, pairs, proposal
+from provisioner.tune import driver, knobs, live, pairs, proposal
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 
@@ -76,12 +76,25 @@ def test_candidates_within_the_cores() -> None:
     from provisioner.plan import PlanError, PlanOptions, derive_plan
 
     facts = _facts("vm_2vcpu")
-    for name in knobs.KNOBS:
+    for name, knob in knobs.KNOBS.items():
         for c in knobs.candidates(name, rule=None, cores=facts["cpu"]["cores"], logical=facts["cpu"]["threads"]):
             try:
-                derive_plan(facts, PlanOptions.from_vars({f"plan_{name}": c.value}))
+                plan = derive_plan(facts, PlanOptions.from_vars({knob.option: c.value}))
             except PlanError as exc:
                 pytest.fail(f"{name}={c.value}: {exc}")
+            assert {s.key: s.value for s in plan.settings}[name] == c.value, (name, c.value)
+
+
+def test_thps_mode_is_a_kernel_knob_every_mode_a_candidate() -> None:
+    thp = knobs.KNOBS["thp_enabled"]
+    assert thp.option == "plan_thp"  # the plan's own option, which role cpu_tuning applies
+    from provisioner.constants import THP_CHOICES
+
+    assert sorted(thp.choices) == sorted(THP_CHOICES)  # the modes the plan accepts (knobs.py imports nothing of provisioner's)
+    got = knobs.candidates("thp_enabled", rule="madvise", cores=2)
+    assert [c.value for c in got] == ["always", "never"]
+    # Nothing reaches the workload's environment: the kernel's file is set for each measurement.
+    assert [(c.env, c.live) for c in got] == [({}, ((knobs.THP_ENABLED, "always"),)), ({}, ((knobs.THP_ENABLED, "never"),))]
 
 
 # ---------------------------------------------------------------- classes
@@ -108,15 +121,17 @@ def test_identical_hosts_form_one_class() -> None:
 
 
 class Box:
-    """A simulated host: a workload figure of 100 with noise, times GAIN for the knob value that helps."""
+    """A simulated host: a workload figure of 100 with noise, times GAIN for the knob value that helps
+    (with THP: for the mode its file MODES says, a fake sysfs file, as a workload started now sees it)."""
 
-    def __init__(self, best: dict[str, str], gain: float, seed: int = 0, seconds: float = 10.0):
+    def __init__(self, best: dict[str, str], gain: float, seed: int = 0, seconds: float = 10.0, thp: Path | None = None):
         self.best, self.gain = best, gain
         self.rng = random.Random(seed)
         self.now = 0.0
         self.seconds = seconds
         self.runs: list[dict[str, Any]] = []
-        self.plan = {"polars_threads": 2, "dataloader_workers": 1}
+        self.thp = thp
+        self.plan = {"polars_threads": 2, "dataloader_workers": 1, "thp_enabled": "madvise"}
         self.cpu = {"physical_cores": 2, "logical_cpus": 2}
 
         class Args:
@@ -127,12 +142,17 @@ class Box:
     def worker(self, task: str, env: dict[str, str | None] | None = None, **extra: Any) -> dict[str, Any]:
         assert extra == {"tune": True}
         self.now += self.seconds
-        self.runs.append(dict(env or {}))
+        seen = dict(env or {})
+        if self.thp is not None:
+            seen["THP"] = live.current(self.thp.read_text())
+        self.runs.append(seen)
         figure = 100.0 * self.rng.gauss(1, 0.02)
-        if all((env or {}).get(k) == v for k, v in self.best.items()):
+        if all(seen.get(k) == v for k, v in self.best.items()):
             figure *= self.gain
         if task == "features":
             return {"polars": {"rows_per_s": figure}}
+        if task == "triad":
+            return {"gbps": figure}
         return {"planned": {"samples_per_s": figure}}
 
     def clock(self) -> float:
@@ -409,3 +429,83 @@ def test_a_hang_up_stops_the_run_at_the_next_pair(tmp_path: Path, monkeypatch: p
     )
     # The pair under way when the session ended is finished (its two figures kept), no other begins.
     assert "interrupted" in out["stopped"] and len(box.runs) == 8 and list(out["workloads"]) == ["features"]
+
+
+# ---------------------------------------------------------------- a kernel knob: set live, put back
+
+
+def sysfs(tmp_path: Path) -> tuple[Path, Path]:
+    """A fake root whose THP file says madvise, as a kernel's does (the chosen mode in brackets)."""
+    root = tmp_path / "root"
+    thp = root / knobs.THP_ENABLED.lstrip("/")
+    thp.parent.mkdir(parents=True)
+    thp.write_text("always [madvise] never\n")
+    return root, thp
+
+
+THP_SPEC = {"workloads": ["triad"], "knobs": ["thp_enabled"], "budget_s": 10_000}
+
+
+def test_a_kernel_knob_is_set_for_each_measurement_and_put_back(tmp_path: Path) -> None:
+    root, thp = sysfs(tmp_path)
+    box = Box({"THP": "always"}, gain=1.25, thp=thp)
+    state = tmp_path / "state"
+    out = driver.run(box, THP_SPEC, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(root)))
+    record = out["workloads"]["triad"]["knobs"]["thp_enabled"]
+    assert record["rule"] == "madvise" and record["tuned"]["value"] == "always", record
+    never = next(c for c in record["candidates"] if c["value"] == "never")
+    assert never["decided"] and not never["kept"]
+    # Each side ran under its own mode, written before it started: the rule's and the candidates'.
+    assert {r["THP"] for r in box.runs} == {"madvise", "always", "never"}
+    assert [r["THP"] for r in box.runs[:4]] in (["madvise", "always"] * 2, ["madvise", "always", "always", "madvise"])
+    # The file says what it said before, and the journal is gone.
+    assert live.current(thp.read_text()) == "madvise" and out["put_back"] == [f"{knobs.THP_ENABLED} back to madvise"]
+    assert not (state / live.JOURNAL).exists()
+
+
+def test_an_interrupted_run_puts_the_kernel_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, thp = sysfs(tmp_path)
+    box = Box({}, gain=1.0, thp=thp)
+    worker = box.worker
+
+    def interrupted_in_the_second_pair(task: str, env: Any = None, **extra: Any) -> dict[str, Any]:
+        if len(box.runs) == 3:
+            raise KeyboardInterrupt  # SIGINT (SIGTERM ends the run the same way: its handler raises)
+        return worker(task, env, **extra)
+
+    monkeypatch.setattr(box, "worker", interrupted_in_the_second_pair)
+    state = tmp_path / "state"
+    with pytest.raises(KeyboardInterrupt):
+        driver.run(box, THP_SPEC, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(root)))
+    assert box.runs[-1]["THP"] != "madvise", "the run was stopped under another mode than the plan's"
+    assert live.current(thp.read_text()) == "madvise" and not (state / live.JOURNAL).exists()
+
+
+def test_a_run_killed_outright_is_put_right_by_the_next_one(tmp_path: Path) -> None:
+    root, thp = sysfs(tmp_path)
+    state = tmp_path / "state"
+    killed = driver.Live(str(state), str(root))
+    killed.set(((knobs.THP_ENABLED, "never"),))  # SIGKILL now: no finally runs
+    assert live.current(thp.read_text()) == "never" and (state / live.JOURNAL).exists()
+    box = Box({}, gain=1.0, thp=thp)
+    spec = {"workloads": ["features"], "knobs": [], "budget_s": 200}
+    out = driver.run(box, spec, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(root)))
+    assert out["restored"] == [f"{knobs.THP_ENABLED} back to madvise, as it was before a tune run that did not end (its journal)"]
+    # Put back before the first measurement: every run saw the host as the plan left it.
+    assert {r["THP"] for r in box.runs} == {"madvise"}
+    assert live.current(thp.read_text()) == "madvise" and not (state / live.JOURNAL).exists()
+
+
+def test_a_kernel_file_that_cannot_be_written_is_not_searched(tmp_path: Path) -> None:
+    box = Box({}, gain=1.0)
+    state = tmp_path / "state"
+    # No such file under this root (a kernel without THP; a container's read-only /sys says EROFS).
+    out = driver.run(
+        box, THP_SPEC, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(tmp_path / "none"))
+    )
+    skipped = out["workloads"]["triad"]["knobs"]["thp_enabled"]["skipped"]
+    assert skipped.startswith(f"{knobs.THP_ENABLED} cannot be written here (No such file or directory)"), skipped
+    assert "the plan's value stays" in skipped and not box.runs
+    # Without the kernel's settings in the run's hands, the same.
+    out = driver.run(box, THP_SPEC, ledger=driver.Ledger(str(state)), clock=box.clock)
+    assert "no kernel setting" in out["workloads"]["triad"]["knobs"]["thp_enabled"]["skipped"] and not box.runs

@@ -272,7 +272,10 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
         runner.plan, runner.cpu = plan, cpu
         runner.code = os.path.basename(running_archive() or "")  # provisioner_smoke-<sha12>.pyz
         state_dir = args.state_dir or driver.STATE_DIR
-        out = driver.locked(state_dir, lambda: driver.run(runner, spec, ledger=driver.Ledger(state_dir), busy=cpu_busy))
+        out = driver.locked(
+            state_dir,
+            lambda: driver.run(runner, spec, ledger=driver.Ledger(state_dir), busy=cpu_busy, live=driver.Live(state_dir)),
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return {"host": socket.gethostname(), **out}
