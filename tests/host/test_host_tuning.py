@@ -2,15 +2,19 @@
 
 Lab servers cannot show live vm.*/THP values (read-only in a container), so this test
 applies cpu_tuning, hugepages (2M) and thread_env to the machine running the tests,
-asserts the live values, runs `provisioner undo` (twice) and asserts every value is back.
-Whatever happens, the fixture writes the recorded values back at the end.
+asserts the live values, runs `provisioner tune` on THP's mode (a kernel setting it changes for
+each measurement: Ctrl-C in the middle must put the plan's mode back, and the next run resume the
+study), runs `provisioner undo` (twice) and asserts every value is back. Whatever happens, the
+fixture writes the recorded values back at the end.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,10 +74,11 @@ def before():
 def wheelhouse() -> list[str]:
     from provisioner import bundle
 
-    # core only: this machine's test proves the local connection and live kernel values; the
-    # default stack's install is test_up's (on a lab server), whose GBDT wheels add ~150 MB here.
-    path = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core"]).path
-    return ["-e", f"mlstack_wheelhouse={path}", "-e", "mlstack_components=[core]"]
+    # core and hpo (Optuna, which keeps tune's study) only: this machine's test proves the local
+    # connection and live kernel values; the default stack's install is test_up's (on a lab
+    # server), whose GBDT wheels add ~150 MB here.
+    path = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "hpo"]).path
+    return ["-e", f"mlstack_wheelhouse={path}", "-e", "mlstack_components=[core,hpo]"]
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +132,73 @@ def test_check_run_after_converging_reports_nothing(applied, wheelhouse):
     assert r.returncode == ExitCode.OK, r.stderr
     out = json.loads(r.stdout)["data"]
     assert out["hosts"]["localhost"]["changed"] == 0, [c["task"] for c in out["changes"]]
+
+
+TUNE_STATE = Path("/var/lib/provisioner/tune")
+JOURNAL = TUNE_STATE / "live.json"
+# The pairs the study on this machine kept for the triad's THP candidates, read with the ML
+# environment's Optuna: {candidate: ratios}.
+STUDY_RATIOS = """
+import json, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+url = "sqlite:////var/lib/provisioner/tune/studies.db"
+out = {}
+for s in optuna.get_all_study_summaries(url):
+    if s.study_name.startswith("triad.thp_enabled."):
+        for t in optuna.load_study(study_name=s.study_name, storage=url).get_trials(deepcopy=False):
+            out[t.params["value"]] = max(out.get(t.params["value"], []), t.user_attrs.get("ratios", []), key=len)
+print(json.dumps(out))
+"""
+
+
+def study_ratios() -> dict[str, list[float]]:
+    r = subprocess.run(["/opt/mlstack/bin/python", "-c", STUDY_RATIOS], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    ratios: dict[str, list[float]] = json.loads(r.stdout)
+    return ratios
+
+
+def test_tune_sets_thp_for_each_measurement_and_ctrl_c_puts_the_plans_mode_back(applied):
+    """`provisioner tune` on this box (the local connection, the README's single machine) searches
+    THP's mode on the triad: each candidate's mode is live in the kernel while it is measured. Ctrl-C
+    once a pair is done leaves the plan's mode and no journal; the next run resumes the study, the
+    pairs measured before kept, and ends with the plan's mode too. (--force: the suite's other
+    worker keeps the CPUs busy, which tune refuses by default.)"""
+    plan_mode = applied["plan"]["localhost"]["values"]["thp_enabled"]
+    assert read("thp_enabled") == plan_mode == "always"
+    args = ("tune", "--workloads", "triad", "--knobs", "thp_enabled", "--force", "--json")
+    run = subprocess.Popen([str(BIN), *args, "--budget", "5m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The rule's mode, a candidate's, then the rule's again: the first pair is done (rule, then
+        # candidate) and the second has begun (candidate, then rule).
+        modes: list[str] = []
+        deadline = time.monotonic() + 600
+        while run.poll() is None and time.monotonic() < deadline:
+            mode = read("thp_enabled")
+            if JOURNAL.exists() and (not modes or modes[-1] != mode):
+                modes.append(mode)
+            if len(modes) >= 3 and modes[-1] == plan_mode and set(modes) - {plan_mode}:
+                break
+            time.sleep(0.1)
+        assert run.poll() is None and len(modes) >= 3, f"no pair seen under two modes: {modes}"
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert read("thp_enabled") == plan_mode and not JOURNAL.exists(), f"{modes}: {out[-2000:]} {err[-2000:]}"
+    kept = study_ratios()
+    assert any(kept.values()), f"no pair kept in the study: {kept}"
+
+    # Again, uninterrupted: the pairs kept are where it starts; the plan's mode at the end.
+    r = subprocess.run([str(BIN), *args, "--budget", "1m"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == ExitCode.OK, r.stdout[-3000:] + r.stderr
+    record = json.loads(r.stdout)["data"]["results"]["localhost"]["workloads"]["triad"]["knobs"]["thp_enabled"]
+    assert record["rule"] == plan_mode
+    for cand in record["candidates"]:
+        before = kept.get(cand["value"], [])
+        assert cand["ratios"][: len(before)] == before, (cand, before)
+    assert read("thp_enabled") == plan_mode and not JOURNAL.exists()
 
 
 def test_undo_restores_every_value_and_is_harmless_twice(applied, before):
