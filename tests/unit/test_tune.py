@@ -372,7 +372,14 @@ class Fleet:
 def test_one_host_per_hardware_class_is_measured_and_each_member_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from provisioner import commands
 
-    fleet = Fleet(monkeypatch, tmp_path, {"a": _kept_result(1), "c": {"cores": 2, "workloads": {}}})
+    put_back = [f"{knobs.THP_ENABLED} back to madvise"]
+    fleet = Fleet(monkeypatch, tmp_path, {"a": _kept_result(1), "c": {"cores": 2, "workloads": {}, "put_back": put_back}})
+    # Without --write: the proposal only, no file.
+    proposal_only = commands.tune(fleet.inventory, workloads=["features"], budget="2m", html=tmp_path / "tune.html")
+    assert proposal_only.exit_code == 0 and not (tmp_path / "host_vars").exists()
+    # What a kernel knob changed is said to have been put back.
+    assert f"c: {put_back[0]}" in proposal_only.messages
+    fleet.ran.clear()
     result = commands.tune(fleet.inventory, workloads=["features"], budget="2m", write=True, html=tmp_path / "tune.html")
     assert result.exit_code == 0, result
     # The report: each measured host, its candidates' pairs as dots, the class it stood for.
