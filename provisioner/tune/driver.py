@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -125,8 +126,10 @@ class _Search:
         return self.clock() - self.started + pair <= self.budget
 
     def measure(self, workload: str, objective: Any, env: knob_table.Env, live: knob_table.Live = ()) -> float:
-        if live and self.live is not None:
-            self.live.set(live)
+        if self.live is not None and (live or self.live.original):
+            # The values from before the run under the side's own: a kernel knob searched earlier
+            # (another workload's) is never left at its last candidate for the measurements after it.
+            self.live.set(with_live(tuple(self.live.original.items()), live))
         result = self.runner.worker(workload, tune=True, env=env)
         if "error" in result or "skipped" in result:
             raise RuntimeError(result.get("error") or result.get("skipped"))
@@ -265,7 +268,14 @@ def run(
         return _run(runner, spec, ledger, clock, busy, live, out)
     finally:
         if live is not None:
-            put_back = live.restore()
+            # Not cut short by the signal that ended the run arriving again (end_run_processes sends
+            # SIGTERM to every process of an interrupted run).
+            held = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+            try:
+                put_back = live.restore()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             if put_back:
                 out["put_back"] = put_back
 

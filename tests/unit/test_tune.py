@@ -475,17 +475,30 @@ def test_an_interrupted_run_puts_the_kernel_back(tmp_path: Path, monkeypatch: py
     box = Box({}, gain=1.0, thp=thp)
     worker = box.worker
 
-    def interrupted_in_the_second_pair(task: str, env: Any = None, **extra: Any) -> dict[str, Any]:
-        if len(box.runs) == 3:
+    at_interrupt: list[str] = []
+
+    def interrupted_in_the_first_candidate(task: str, env: Any = None, **extra: Any) -> dict[str, Any]:
+        if len(box.runs) == 1:  # the rule's run done, the candidate's mode written for its own
+            at_interrupt.append(live.current(thp.read_text()))
             raise KeyboardInterrupt  # SIGINT (SIGTERM ends the run the same way: its handler raises)
         return worker(task, env, **extra)
 
-    monkeypatch.setattr(box, "worker", interrupted_in_the_second_pair)
+    monkeypatch.setattr(box, "worker", interrupted_in_the_first_candidate)
     state = tmp_path / "state"
     with pytest.raises(KeyboardInterrupt):
         driver.run(box, THP_SPEC, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(root)))
-    assert box.runs[-1]["THP"] != "madvise", "the run was stopped under another mode than the plan's"
+    assert at_interrupt == ["always"], "the run was to be stopped under another mode than the plan's"
     assert live.current(thp.read_text()) == "madvise" and not (state / live.JOURNAL).exists()
+
+
+def test_the_workloads_after_a_kernel_knob_run_under_the_mode_from_before(tmp_path: Path) -> None:
+    root, thp = sysfs(tmp_path)
+    box = Box({}, gain=1.0, thp=thp)
+    state = tmp_path / "state"
+    spec = {"workloads": ["triad", "features"], "knobs": [], "budget_s": 10_000}
+    driver.run(box, spec, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(root)))
+    features = [r for r in box.runs if "POLARS_MAX_THREADS" in r]
+    assert features and {r["THP"] for r in features} == {"madvise"}, "a later workload ran under the last candidate's mode"
 
 
 def test_a_run_killed_outright_is_put_right_by_the_next_one(tmp_path: Path) -> None:
@@ -501,6 +514,29 @@ def test_a_run_killed_outright_is_put_right_by_the_next_one(tmp_path: Path) -> N
     # Put back before the first measurement: every run saw the host as the plan left it.
     assert {r["THP"] for r in box.runs} == {"madvise"}
     assert live.current(thp.read_text()) == "madvise" and not (state / live.JOURNAL).exists()
+
+
+def test_a_journal_keeps_what_it_could_not_put_back_and_leaves_a_mode_set_since(tmp_path: Path) -> None:
+    root, thp = sysfs(tmp_path)
+    state = tmp_path / "state"
+    killed = driver.Live(str(state), str(root))
+    killed.set(((knobs.THP_ENABLED, "never"),))  # killed here
+    # `provisioner up` (or a person) set a mode since, one the killed run never wrote: it stays.
+    thp.write_text("always")
+    said = driver.Live(str(state), str(root)).recover()
+    assert said == [f"{knobs.THP_ENABLED} left at always: set since the tune run that did not end (its journal named madvise)"]
+    assert live.current(thp.read_text()) == "always" and not (state / live.JOURNAL).exists()
+    # A value that cannot be put back stays in the journal, for this run's end and the next run.
+    killed = driver.Live(str(state), str(root))
+    killed.set(((knobs.THP_ENABLED, "never"),))
+    thp.unlink()
+    thp.mkdir()  # unreadable as a file now
+    again = driver.Live(str(state), str(root))
+    assert "could not be put back to always" in again.recover()[0] and (state / live.JOURNAL).exists()
+    thp.rmdir()
+    thp.write_text("never")
+    assert again.restore() == [f"{knobs.THP_ENABLED} back to always"] and not (state / live.JOURNAL).exists()
+    assert live.current(thp.read_text()) == "always"
 
 
 def test_a_kernel_file_that_cannot_be_written_is_not_searched(tmp_path: Path) -> None:
