@@ -439,6 +439,7 @@ def test_tune_measures_against_the_rule_and_writes_back_only_what_it_kept(provis
     path.parent.mkdir(exist_ok=True)
     path.write_text(USER_VARS)
     etc = etc_checksum(server)
+    planned = plan_values(server)["polars_threads"]  # before --write: the plan then carries what was kept
     # --force: the suite's other worker keeps these two cores busy, which tune refuses by default
     # (tests/unit/test_tune.py holds the refusal).
     rc, out = cli_json("tune", "-i", inv, *TUNE, "--force", "--write")
@@ -447,7 +448,7 @@ def test_tune_measures_against_the_rule_and_writes_back_only_what_it_kept(provis
     record = result["workloads"]["features"]["knobs"]["polars_threads"]
     rule = record["rule"]
     threads = int(out_of(server, "runuser -l ml -c 'echo $POLARS_MAX_THREADS'"))
-    assert rule == threads == plan_values(server)["polars_threads"]
+    assert rule == threads == planned
     assert [c["value"] for c in record["candidates"]] == [v for v in range(1, threads + 1) if v != rule]
     first = record["candidates"][0]
     assert first["ratios"] and all(len(f) == 2 and f["rule"] > 0 and f["candidate"] > 0 for f in first["figures"]), first
