@@ -171,16 +171,10 @@ def write_client_files(
 
 def close_kept_connection(root: Path) -> None:
     """End the connection ssh_config keeps to the server in ROOT, if one is open."""
-    socket = root / KEPT_CONNECTION
-    if socket.exists():
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
-                ["ssh", "-o", f"ControlPath={socket}", "-O", "exit", "lab"],
-                capture_output=True,
-                timeout=10,
-                stdin=subprocess.DEVNULL,
-            )
-        socket.unlink(missing_ok=True)
+    from provisioner.engine.ssh import close_master
+
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        close_master(root / KEPT_CONNECTION)
 
 
 def new_host_key(directory: Path, name: str) -> list[str]:
