@@ -710,7 +710,7 @@ def tune(
     rows: list[Any] = []
     written: list[Path] = []
     messages: list[str] = []
-    for members in groups.values():
+    for print_, members in groups.items():
         result = results.get(members[0])
         if result is None:
             continue
@@ -720,12 +720,17 @@ def tune(
             messages.append(f"{members[0]}: {result['refused']}")
             continue
         for host in members:
-            mine = proposal.rows(host, result, measured_on=members[0])
-            rows += mine
-            if write:
-                path = proposal.write(inv, host, [r for r in mine if r.kept])
-                if path:
-                    written.append(path)
+            rows += proposal.rows(host, result, measured_on=members[0])
+        if write and len(members) == 1:
+            path = proposal.write(inv, members[0], [r for r in proposal.rows(members[0], result) if r.kept])
+            written += [path] if path else []
+        elif write:  # the class's values once, in its group (the evidence names the host measured)
+            group = proposal.class_group(print_)
+            paths_, said = proposal.write_class(
+                inv, print_, members, [r for r in proposal.rows(group, result, members[0]) if r.kept]
+            )
+            written += paths_
+            messages += said
         if len(members) > 1:
             messages.append(f"{', '.join(members[1:])}: same hardware as {members[0]}, which was measured for them")
     outcome = TuneOutcome(run, rows, groups, written, results)

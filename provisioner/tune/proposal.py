@@ -6,8 +6,9 @@ Write-back goes to host_vars/HOST.yml beside the inventory (Ansible reads it for
 inventory format), through ruamel.yaml's round trip: the file's comments, order and other keys stay
 as they were. Each tuned knob becomes plan_<knob> (the plan's override, which the roles apply) and
 an entry of plan_tuned (knob -> evidence), which `provisioner plan` shows as the value's reason. A
-class of identical hosts is measured on one of them; every member gets the same values, the
-evidence naming the host it was measured on.
+class of identical hosts is measured on one of them; its values go once into group_vars of the
+class's group (hw_FINGERPRINT), which is added to the inventory with the members, the evidence
+naming the host it was measured on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -80,10 +82,14 @@ def vars_file(inventory: Path, host: str) -> Path:
 
 
 def check_writable(inventory: Path, hosts: Sequence[str]) -> None:
-    """--write refused before any host is touched when a host's vars file could not be written: tried
+    """--write refused before any host is touched when a host's vars file (with several hosts, also
+    group_vars and the inventory, where a class's group goes) could not be written: tried
     for real (a temporary file where it would go), as permissions alone do not say it for root."""
-    for host in hosts:
-        path = vars_file(inventory, host)
+    targets = [vars_file(inventory, host) for host in hosts]
+    if len(hosts) > 1:  # a class of several hosts goes into a group: its group_vars and the inventory
+        targets.append(group_file(inventory, class_group("probe")))  # its directory: the name is known after the facts
+        targets.append(inventory / CLASSES_FILE if inventory.is_dir() else inventory)
+    for path in targets:
         where = path.parent if path.exists() else next((p for p in path.parents if p.exists()), path.parent)
         try:
             if not where.is_dir():
@@ -98,7 +104,7 @@ def check_writable(inventory: Path, hosts: Sequence[str]) -> None:
                 f"--write cannot write {path} ({exc.strerror or exc}): make it writable, or tune without --write "
                 "and copy the proposal"
             ) from None
-        if path.exists():
+        if path.exists() and path.suffix in (".yml", ".yaml"):
             _load(path)  # a file it could not edit (not one mapping: a list, a vault, several documents) refused now
 
 
@@ -205,10 +211,15 @@ def write(inventory: Path, host: str, kept: Sequence[Row], day: str | None = Non
     the file as it was. None when nothing was kept."""
     if not kept:
         return None
+    path = vars_file(inventory, host)
+    _write_vars(path, kept, day or date.today().isoformat())
+    return path
+
+
+def _write_vars(path: Path, kept: Sequence[Row], day: str) -> None:
+    """The kept rows into the vars file PATH (host_vars or group_vars) in a round trip."""
     from ruamel.yaml.comments import CommentedMap
 
-    day = day or date.today().isoformat()
-    path = vars_file(inventory, host)
     target = path.resolve() if path.is_symlink() else path  # a linked file is edited where it lies
     doc = _load(target) if target.exists() else None
     if doc is None:
@@ -229,4 +240,131 @@ def write(inventory: Path, host: str, kept: Sequence[Row], day: str | None = Non
     _yaml().dump(doc, text)
     # The file's mode and owner stay (host_vars may hold secrets: 0600).
     paths.replace_file(target, text.getvalue().encode("utf-8"))
-    return path
+
+
+# ---------------------------------------------------------------- a class's group
+
+# The inventory file a directory inventory gets for the classes' groups (Ansible reads every file of
+# an inventory directory, so the user's own files are not edited).
+CLASSES_FILE = "provisioner-classes.yml"
+
+
+def class_group(print_: str) -> str:
+    """The inventory group of one hardware class: hw_ and its fingerprint (a valid group name)."""
+    return f"hw_{print_}"
+
+
+def group_file(inventory: Path, group: str) -> Path:
+    """group_vars/GROUP.yml beside the inventory."""
+    base = inventory if inventory.is_dir() else inventory.parent
+    return base / "group_vars" / f"{group}.yml"
+
+
+def _inventory_kind(inventory: Path) -> str:
+    """dir, yaml or ini: how the class's group is added; other (a script, an inventory plugin's
+    configuration) takes no group, and its members get host_vars."""
+    if inventory.is_dir():
+        return "dir"
+    if os.access(inventory, os.X_OK):
+        return "other"  # a dynamic inventory script
+    if inventory.suffix in (".yml", ".yaml", ".json"):
+        doc = _load(inventory)
+        return "other" if doc is not None and "plugin" in doc else "yaml"
+    return "ini"
+
+
+def _add_yaml_group(path: Path, group: str, members: Sequence[str], note: str) -> bool:
+    """GROUP (its hosts MEMBERS) as a top-level group of the YAML inventory PATH; True when it changed."""
+    from ruamel.yaml.comments import CommentedMap
+
+    doc = _load(path) if path.exists() else None
+    if doc is None:
+        doc = CommentedMap()
+    entry = doc.get(group)
+    if entry is None:
+        entry = CommentedMap()
+        doc[group] = entry
+        doc.yaml_set_comment_before_after_key(group, before=note)
+    hosts = entry.get("hosts")
+    if hosts is None:
+        hosts = CommentedMap()
+        entry["hosts"] = hosts
+    missing = [m for m in members if m not in hosts]
+    if not missing and path.exists():
+        return False
+    for member in missing:
+        hosts[member] = None
+    text = io.StringIO()
+    _yaml().dump(doc, text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    paths.replace_file(path, text.getvalue().encode("utf-8"))
+    return True
+
+
+def _add_ini_group(path: Path, group: str, members: Sequence[str], note: str) -> bool:
+    """GROUP's section in the INI inventory PATH, its missing MEMBERS added; the rest of the file as it was."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = f"[{group}]"
+    at = next((i for i, line in enumerate(lines) if line.strip() == header), None)
+    if at is None:
+        block = ["", f"# {note}", header, *members]
+        lines += block
+    else:
+        end = next((i for i in range(at + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+        listed = {line.split()[0] for line in lines[at + 1 : end] if line.strip() and not line.lstrip().startswith(("#", ";"))}
+        missing = [m for m in members if m not in listed]
+        if not missing:
+            return False
+        while end > at + 1 and not lines[end - 1].strip():
+            end -= 1  # after the section's last host, not after its trailing blank lines
+        lines[end:end] = missing
+    paths.replace_file(path, ("\n".join(lines) + "\n").encode("utf-8"))
+    return True
+
+
+def write_class(
+    inventory: Path, print_: str, members: Sequence[str], kept: Sequence[Row], day: str | None = None
+) -> tuple[list[Path], list[str]]:
+    """A class of several hosts measured on its first: the kept rows into group_vars of the class's
+    group (hw_FINGERPRINT), and the group with its members into the inventory (a YAML or INI file
+    edited in place, comments kept; a directory gets provisioner-classes.yml). An inventory that
+    cannot take a group (a script, an inventory plugin) gets each member's host_vars instead.
+    Returns the files written and what to tell the user."""
+    if not kept:
+        return [], []
+    day = day or date.today().isoformat()
+    group = class_group(print_)
+    kind = _inventory_kind(inventory)
+    if kind == "other":
+        written = [p for host in members if (p := write(inventory, host, kept, day))]
+        return written, [
+            f"{inventory} takes no group from a file edit (a script or a plugin): each member's host_vars got the values"
+        ]
+    note = (
+        f"provisioner tune {day}: hosts of one hardware class (CPU, cores, memory, drives), measured on "
+        f"{members[0]}; their tuned values are in group_vars/{group}.yml"
+    )
+    changed = (
+        _add_yaml_group(inventory / CLASSES_FILE, group, members, note)
+        if kind == "dir"
+        else _add_yaml_group(inventory, group, members, note)
+        if kind == "yaml"
+        else _add_ini_group(inventory, group, members, note)
+    )
+    path = group_file(inventory, group)
+    _write_vars(path, kept, day)
+    written = [path] + ([inventory / CLASSES_FILE if kind == "dir" else inventory] if changed else [])
+    # Ansible gives a host's own host_vars precedence over any group's: such a value stays.
+    messages = []
+    for host in members:
+        own = vars_file(inventory, host)
+        doc = _load(own.resolve()) if own.exists() else None
+        shadowed = sorted(
+            knob_table.KNOBS[r.knob].option for r in kept if doc is not None and knob_table.KNOBS[r.knob].option in doc
+        )
+        if shadowed:
+            messages.append(
+                f"{host}: {own} sets {', '.join(shadowed)} itself, which wins over the class's group_vars/{group}.yml; "
+                "remove it there to take the tuned value"
+            )
+    return written, messages

@@ -306,6 +306,118 @@ def test_write_back_creates_the_file_and_refuses_what_it_cannot_write(tmp_path: 
             proposal.check_writable(inventory, [host])
 
 
+def _ansible_vars(inventory: Path, host: str) -> dict[str, Any]:
+    """HOST's variables as Ansible itself reads them from INVENTORY (its group_vars and host_vars)."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+
+    loader = DataLoader()
+    manager = InventoryManager(loader=loader, sources=[str(inventory)])
+    found: dict[str, Any] = VariableManager(loader=loader, inventory=manager).get_vars(host=manager.get_host(host))
+    return found
+
+
+YAML_INVENTORY = """\
+---
+# The training racks.
+all:
+  children:
+    racks:
+      hosts:
+        box1:
+          ansible_host: 10.0.0.1  # rack 4
+        box2:
+          ansible_host: 10.0.0.2
+"""
+INI_INVENTORY = (
+    "# the racks\n[racks]\nbox1 ansible_host=10.0.0.1\nbox2 ansible_host=10.0.0.2\n\n[racks:vars]\nansible_user=root\n"
+)
+
+
+@pytest.mark.parametrize("kind", ["yaml", "ini", "dir"])
+def test_a_class_goes_into_its_group_which_ansible_gives_every_member(tmp_path: Path, kind: str) -> None:
+    """A class of two hosts measured on box1: one group_vars file for the class, the group with both
+    members in the inventory (the user's lines and comments as they were), read back by Ansible."""
+    if kind == "dir":
+        inventory = tmp_path / "inv"
+        inventory.mkdir()
+        (inventory / "hosts.yml").write_text(YAML_INVENTORY)
+        edited = inventory / proposal.CLASSES_FILE
+    else:
+        inventory = tmp_path / ("hosts.yml" if kind == "yaml" else "hosts")
+        inventory.write_text(YAML_INVENTORY if kind == "yaml" else INI_INVENTORY)
+        edited = inventory
+    original = inventory.read_text() if kind != "dir" else ""
+    kept = [r for r in _kept(proposal.class_group("abc123abc123")) if r.kept]
+    written, said = proposal.write_class(inventory, "abc123abc123", ["box1", "box2"], kept, day="2026-12-05")
+    group_vars = (inventory if kind == "dir" else tmp_path) / "group_vars" / "hw_abc123abc123.yml"
+    assert written == [group_vars, edited] and said == []
+    if kind != "dir":
+        assert edited.read_text().startswith(original.rstrip("\n")), edited.read_text()  # the user's lines kept
+    assert "hosts of one hardware class" in edited.read_text() and "measured on box1" in edited.read_text()
+    for host in ("box1", "box2"):
+        got = _ansible_vars(inventory, host)
+        assert got["plan_polars_threads"] == 1, got
+        assert got["plan_tuned"]["polars_threads"].endswith("2026-12-05, measured on box1)"), got["plan_tuned"]
+        assert got["ansible_host"].startswith("10.0.0.")
+    # Written again (a later tune of the same class): the group is not repeated, the inventory not rewritten.
+    again, _ = proposal.write_class(inventory, "abc123abc123", ["box1", "box2"], kept, day="2026-12-06")
+    assert again == [group_vars] and edited.read_text().count("hw_abc123abc123") == 2  # the group and the note
+    # A new member of the class joins the group; the others stay listed once.
+    listed = edited.read_text().count("box1")
+    proposal.write_class(inventory, "abc123abc123", ["box1", "box2", "box3"], kept, day="2026-12-06")
+    assert _ansible_vars(inventory, "box3")["plan_polars_threads"] == 1
+    assert edited.read_text().count("box1") == listed and edited.read_text().count("box3") == 1
+
+
+def test_a_members_own_host_vars_value_is_named_as_winning_over_the_class(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(YAML_INVENTORY)
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "box2.yml").write_text("---\nplan_polars_threads: 2  # set by hand\n")
+    kept = [r for r in _kept("hw_abc123abc123") if r.kept]
+    _, said = proposal.write_class(inventory, "abc123abc123", ["box1", "box2"], kept, day="2026-12-05")
+    assert said == [
+        f"box2: {tmp_path}/host_vars/box2.yml sets plan_polars_threads itself, which wins over the class's "
+        "group_vars/hw_abc123abc123.yml; remove it there to take the tuned value"
+    ]
+    assert (
+        _ansible_vars(inventory, "box2")["plan_polars_threads"] == 2
+        and _ansible_vars(inventory, "box1")["plan_polars_threads"] == 1
+    )
+
+
+def test_an_inventory_that_takes_no_group_gives_each_member_host_vars(tmp_path: Path) -> None:
+    script = tmp_path / "inventory.py"
+    script.write_text("#!/usr/bin/env python3\nprint('{}')\n")
+    script.chmod(0o755)
+    kept = [r for r in _kept("hw_abc123abc123") if r.kept]
+    written, said = proposal.write_class(script, "abc123abc123", ["box1", "box2"], kept, day="2026-12-05")
+    assert written == [tmp_path / "host_vars" / "box1.yml", tmp_path / "host_vars" / "box2.yml"]
+    assert said and "each member's host_vars" in said[0]
+    assert script.read_text() == "#!/usr/bin/env python3\nprint('{}')\n"
+
+
+def test_write_for_a_fleet_is_refused_where_the_inventory_cannot_take_the_group(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(YAML_INVENTORY)
+    inventory.chmod(0o444)
+    proposal.check_writable(inventory, ["box1"])  # one host: only its host_vars is written
+    import os
+
+    if os.geteuid() == 0:  # root writes a read-only file: a file in its place does the refusing
+        inventory.chmod(0o644)
+        inventory.unlink()
+        inventory.mkdir()
+        (inventory / proposal.CLASSES_FILE).mkdir()
+        with pytest.raises(BadInput, match=rf"--write cannot write {inventory}/{proposal.CLASSES_FILE} "):
+            proposal.check_writable(inventory, ["box1", "box2"])
+    else:
+        with pytest.raises(BadInput, match=r"--write cannot write .*hosts.yml"):
+            proposal.check_writable(inventory, ["box1", "box2"])
+
+
 def test_a_second_tune_on_the_host_is_refused_while_one_runs(tmp_path: Path) -> None:
     inner = driver.locked(str(tmp_path), lambda: driver.locked(str(tmp_path), lambda: {"ran": True}))
     assert inner["refused"].startswith("another tune is running on this host (pid ")
@@ -369,7 +481,7 @@ class Fleet:
         monkeypatch.setattr(engine, "run_playbook", run_playbook)
 
 
-def test_one_host_per_hardware_class_is_measured_and_each_member_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_one_host_per_hardware_class_is_measured_and_its_group_written(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from provisioner import commands
 
     put_back = [f"{knobs.THP_ENABLED} back to madvise"]
@@ -388,11 +500,14 @@ def test_one_host_per_hardware_class_is_measured_and_each_member_written(monkeyp
     assert page.count("<circle") == 11 and "kept: " in page
     assert fleet.ran == [("facts.yml", None), ("tune.yml", "a,c")]
     assert [(r.host, r.tuned, r.measured_on) for r in result.value.rows] == [("a", 1, "a"), ("b", 1, "a")]
-    a = (tmp_path / "host_vars" / "a.yml").read_text()
-    b = (tmp_path / "host_vars" / "b.yml").read_text()
-    assert "plan_polars_threads: 1" in a and "plan_polars_threads: 1" in b
-    assert "measured on a)" in b and "measured on" not in a
-    assert not (tmp_path / "host_vars" / "c.yml").exists()
+    # The class of a and b: one group_vars file and the group in the inventory, no host_vars.
+    group = proposal.class_group(proposal.fingerprint(_facts("xeon_2s")))
+    assert result.value.written == [tmp_path / "group_vars" / f"{group}.yml", fleet.inventory]
+    assert not (tmp_path / "host_vars").exists()
+    for host in ("a", "b"):
+        got = _ansible_vars(fleet.inventory, host)
+        assert got["plan_polars_threads"] == 1 and got["plan_tuned"]["polars_threads"].endswith("measured on a)")
+    assert "plan_polars_threads" not in _ansible_vars(fleet.inventory, "c")
     assert any("b: same hardware as a" in m for m in result.messages)
 
 
