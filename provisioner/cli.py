@@ -441,7 +441,10 @@ def tune(
     budget: Annotated[str, typer.Option("--budget", help="Wall-clock time the search may take per host: 10m, 90s, 1h.")] = "10m",
     write: Annotated[
         bool,
-        typer.Option("--write", help="Put the kept values into the inventory (host_vars/HOST.yml) as the plan's overrides."),
+        typer.Option(
+            "--write",
+            help="Put the kept values into the inventory as the plan's overrides (host_vars/HOST.yml; a class of several hosts: its group's group_vars).",
+        ),
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Measure even when the host is busy.")] = False,
     html: Annotated[

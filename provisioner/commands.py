@@ -682,7 +682,7 @@ def tune(
     """Measure each knob's candidates against the plan's rule on one host per hardware class
     (playbooks/tune.yml), print the proposal and, with `write`, put the kept values into the
     inventory as the plan's overrides (provisioner.tune.proposal)."""
-    from .tune import proposal
+    from .tune import classes, proposal
 
     chosen = proposal.check_workloads(workloads)
     wanted = proposal.check_knobs(knobs, chosen)
@@ -696,7 +696,9 @@ def tune(
     hardware = found.value.by_host()
     if found.exit_code != ExitCode.OK:
         return Result("tune", TuneOutcome(found.value.run, [], {}, [], {}), found.exit_code, errors=found.errors)
-    groups = proposal.classes(hardware)
+    groups = classes.of(hardware)
+    if write:
+        proposal.check_class_writable(inv, groups)
     measured = [members[0] for members in groups.values()]
     run = engine.run_playbook(
         "tune.yml",
@@ -725,10 +727,7 @@ def tune(
             path = proposal.write(inv, members[0], [r for r in proposal.rows(members[0], result) if r.kept])
             written += [path] if path else []
         elif write:  # the class's values once, in its group (the evidence names the host measured)
-            group = proposal.class_group(print_)
-            paths_, said = proposal.write_class(
-                inv, print_, members, [r for r in proposal.rows(group, result, members[0]) if r.kept]
-            )
+            paths_, said = proposal.write_class(inv, print_, proposal.rows(members[0], result, measured_on=members[0]), members)
             written += paths_
             messages += said
         if len(members) > 1:

@@ -13,14 +13,11 @@ naming the host it was measured on.
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
-import os
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from typing import Any
 from provisioner import paths
 from provisioner.errors import BadInput
 from provisioner.smoke.workloads import BY_NAME
+from provisioner.tune import classes
 from provisioner.tune import knobs as knob_table
 
 # Workloads with a tune objective, in the order they run; the default of --workloads.
@@ -83,29 +81,44 @@ def vars_file(inventory: Path, host: str) -> Path:
 
 def check_writable(inventory: Path, hosts: Sequence[str]) -> None:
     """--write refused before any host is touched when a host's vars file (with several hosts, also
-    group_vars and the inventory, where a class's group goes) could not be written: tried
-    for real (a temporary file where it would go), as permissions alone do not say it for root."""
+    the group_vars directory a class's group would get) could not be written: tried for real (a
+    temporary file where it would go), as permissions alone do not say it for root."""
     targets = [vars_file(inventory, host) for host in hosts]
-    if len(hosts) > 1:  # a class of several hosts goes into a group: its group_vars and the inventory
-        targets.append(group_file(inventory, class_group("probe")))  # its directory: the name is known after the facts
-        targets.append(inventory / CLASSES_FILE if inventory.is_dir() else inventory)
+    if len(hosts) > 1:
+        targets.append(classes.group_file(inventory, classes.class_group("probe")))  # its directory: names come later
     for path in targets:
-        where = path.parent if path.exists() else next((p for p in path.parents if p.exists()), path.parent)
-        try:
-            if not where.is_dir():
-                raise NotADirectoryError(f"{where} is not a directory")
-            with tempfile.TemporaryFile(dir=where):
+        _try_writing(path)
+
+
+def check_class_writable(inventory: Path, groups: Mapping[str, Sequence[str]]) -> None:
+    """With the classes known (the facts read, nothing measured yet): each class of several hosts'
+    group_vars file, and the inventory file its group goes into, refused now if it could not be written."""
+    several = [print_ for print_, members in groups.items() if len(members) > 1]
+    if not several:
+        return
+    for print_ in several:
+        _try_writing(classes.group_file(inventory, classes.class_group(print_)))
+    if classes.kind(inventory) != "other":  # other: each member's host_vars, checked before
+        _try_writing(classes.edited_file(inventory))
+
+
+def _try_writing(path: Path) -> None:
+    where = path.parent if path.exists() else next((p for p in path.parents if p.exists()), path.parent)
+    try:
+        if not where.is_dir():
+            raise NotADirectoryError(f"{where} is not a directory")
+        with tempfile.TemporaryFile(dir=where):
+            pass
+        if path.exists():
+            with path.open("a", encoding="utf-8"):
                 pass
-            if path.exists():
-                with path.open("a", encoding="utf-8"):
-                    pass
-        except OSError as exc:
-            raise BadInput(
-                f"--write cannot write {path} ({exc.strerror or exc}): make it writable, or tune without --write "
-                "and copy the proposal"
-            ) from None
-        if path.exists() and path.suffix in (".yml", ".yaml"):
-            _load(path)  # a file it could not edit (not one mapping: a list, a vault, several documents) refused now
+    except OSError as exc:
+        raise BadInput(
+            f"--write cannot write {path} ({exc.strerror or exc}): make it writable, or tune without --write "
+            "and copy the proposal"
+        ) from None
+    if path.exists() and path.parent.name in ("host_vars", "group_vars"):
+        _load(path)  # a file it could not edit (not one mapping: a list, a vault, several documents) refused now
 
 
 def _yaml() -> Any:
@@ -131,30 +144,6 @@ def _load(path: Path) -> Any:
     if doc is not None and not isinstance(doc, CommentedMap):
         raise BadInput(f"--write: {path} is not a mapping of variables (a list, or a vault?); fix it or tune without --write")
     return doc
-
-
-def fingerprint(hardware: Mapping[str, Any]) -> str:
-    """A hardware class: the CPU model, cores, sockets, threads, the memory, the drives' models and sizes."""
-    cpu = hardware.get("cpu", {})
-    drives = sorted(
-        (d.get("model") or "", int(d.get("size_bytes") or 0))
-        for d in hardware.get("block_devices", [])
-        if d.get("type", "disk") == "disk" and not d.get("loop")
-    )
-    key = {
-        "cpu": [cpu.get("model_name"), cpu.get("sockets"), cpu.get("cores"), cpu.get("threads")],
-        "memory_gib": round(int(hardware.get("memory", {}).get("total_bytes") or 0) / 2**30),
-        "drives": drives,
-    }
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def classes(hardware_by_host: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
-    """Fingerprint -> its hosts, sorted; the first host of each class is the one measured."""
-    out: dict[str, list[str]] = {}
-    for host in sorted(hardware_by_host):
-        out.setdefault(fingerprint(hardware_by_host[host]), []).append(host)
-    return out
 
 
 @dataclass
@@ -244,127 +233,56 @@ def _write_vars(path: Path, kept: Sequence[Row], day: str) -> None:
 
 # ---------------------------------------------------------------- a class's group
 
-# The inventory file a directory inventory gets for the classes' groups (Ansible reads every file of
-# an inventory directory, so the user's own files are not edited).
-CLASSES_FILE = "provisioner-classes.yml"
-
-
-def class_group(print_: str) -> str:
-    """The inventory group of one hardware class: hw_ and its fingerprint (a valid group name)."""
-    return f"hw_{print_}"
-
-
-def group_file(inventory: Path, group: str) -> Path:
-    """group_vars/GROUP.yml beside the inventory."""
-    base = inventory if inventory.is_dir() else inventory.parent
-    return base / "group_vars" / f"{group}.yml"
-
-
-def _inventory_kind(inventory: Path) -> str:
-    """dir, yaml or ini: how the class's group is added; other (a script, an inventory plugin's
-    configuration) takes no group, and its members get host_vars."""
-    if inventory.is_dir():
-        return "dir"
-    if os.access(inventory, os.X_OK):
-        return "other"  # a dynamic inventory script
-    if inventory.suffix in (".yml", ".yaml", ".json"):
-        doc = _load(inventory)
-        return "other" if doc is not None and "plugin" in doc else "yaml"
-    return "ini"
-
-
-def _add_yaml_group(path: Path, group: str, members: Sequence[str], note: str) -> bool:
-    """GROUP (its hosts MEMBERS) as a top-level group of the YAML inventory PATH; True when it changed."""
-    from ruamel.yaml.comments import CommentedMap
-
-    doc = _load(path) if path.exists() else None
-    if doc is None:
-        doc = CommentedMap()
-    entry = doc.get(group)
-    if entry is None:
-        entry = CommentedMap()
-        doc[group] = entry
-        doc.yaml_set_comment_before_after_key(group, before=note)
-    hosts = entry.get("hosts")
-    if hosts is None:
-        hosts = CommentedMap()
-        entry["hosts"] = hosts
-    missing = [m for m in members if m not in hosts]
-    if not missing and path.exists():
-        return False
-    for member in missing:
-        hosts[member] = None
-    text = io.StringIO()
-    _yaml().dump(doc, text)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    paths.replace_file(path, text.getvalue().encode("utf-8"))
-    return True
-
-
-def _add_ini_group(path: Path, group: str, members: Sequence[str], note: str) -> bool:
-    """GROUP's section in the INI inventory PATH, its missing MEMBERS added; the rest of the file as it was."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    header = f"[{group}]"
-    at = next((i for i, line in enumerate(lines) if line.strip() == header), None)
-    if at is None:
-        block = ["", f"# {note}", header, *members]
-        lines += block
-    else:
-        end = next((i for i in range(at + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
-        listed = {line.split()[0] for line in lines[at + 1 : end] if line.strip() and not line.lstrip().startswith(("#", ";"))}
-        missing = [m for m in members if m not in listed]
-        if not missing:
-            return False
-        while end > at + 1 and not lines[end - 1].strip():
-            end -= 1  # after the section's last host, not after its trailing blank lines
-        lines[end:end] = missing
-    paths.replace_file(path, ("\n".join(lines) + "\n").encode("utf-8"))
-    return True
-
 
 def write_class(
-    inventory: Path, print_: str, members: Sequence[str], kept: Sequence[Row], day: str | None = None
+    inventory: Path, print_: str, measured: Sequence[Row], members: Sequence[str], day: str | None = None
 ) -> tuple[list[Path], list[str]]:
-    """A class of several hosts measured on its first: the kept rows into group_vars of the class's
-    group (hw_FINGERPRINT), and the group with its members into the inventory (a YAML or INI file
-    edited in place, comments kept; a directory gets provisioner-classes.yml). An inventory that
-    cannot take a group (a script, an inventory plugin) gets each member's host_vars instead.
-    Returns the files written and what to tell the user."""
+    """A class of several hosts measured on its first: its kept rows (MEASURED, the measured host's)
+    into group_vars of the class's group, and the group with its MEMBERS into the inventory
+    (provisioner.tune.classes). An inventory that cannot take a group gets each member's host_vars.
+    Returns the files written and what to tell the user: the inventory's hosts where Ansible's
+    precedence gives another value or evidence than the class's, and the group's hosts this run did
+    not reach (outside --limit) that get the values too."""
+    kept = [r for r in measured if r.kept]
     if not kept:
         return [], []
     day = day or date.today().isoformat()
-    group = class_group(print_)
-    kind = _inventory_kind(inventory)
-    if kind == "other":
-        written = [p for host in members if (p := write(inventory, host, kept, day))]
-        return written, [
-            f"{inventory} takes no group from a file edit (a script or a plugin): each member's host_vars got the values"
-        ]
+    group = classes.class_group(print_)
     note = (
-        f"provisioner tune {day}: hosts of one hardware class (CPU, cores, memory, drives), measured on "
+        f"{classes.NOTE} {day}: hosts of one hardware class (CPU, cores, memory, drives), measured on "
         f"{members[0]}; their tuned values are in group_vars/{group}.yml"
     )
-    changed = (
-        _add_yaml_group(inventory / CLASSES_FILE, group, members, note)
-        if kind == "dir"
-        else _add_yaml_group(inventory, group, members, note)
-        if kind == "yaml"
-        else _add_ini_group(inventory, group, members, note)
-    )
-    path = group_file(inventory, group)
-    _write_vars(path, kept, day)
-    written = [path] + ([inventory / CLASSES_FILE if kind == "dir" else inventory] if changed else [])
-    # Ansible gives a host's own host_vars precedence over any group's: such a value stays.
+    try:
+        changed, earlier = classes.add_group(inventory, group, members, note)
+    except classes.CannotGroup as exc:
+        written = [p for host in members if (p := write(inventory, host, [replace(r, host=host) for r in kept], day))]
+        return written, [f"{exc}: each member's host_vars got the values instead"]
+    path = classes.group_file(inventory, group)
+    _write_vars(path, [replace(r, host=group) for r in kept], day)
+    written = [path] + ([classes.edited_file(inventory)] if changed else [])
     messages = []
-    for host in members:
-        own = vars_file(inventory, host)
-        doc = _load(own.resolve()) if own.exists() else None
-        shadowed = sorted(
-            knob_table.KNOBS[r.knob].option for r in kept if doc is not None and knob_table.KNOBS[r.knob].option in doc
+    if earlier:
+        messages.append(
+            f"{', '.join(earlier)}: in group {group} from an earlier tune and not reached by this one (--limit), "
+            "they get these values too"
         )
-        if shadowed:
+    # What Ansible gives each host of the group: a host's own host_vars, a host line of the inventory
+    # or a deeper group ranks above the class's group, and a plan_tuned of its own replaces the group's.
+    wanted = {knob_table.KNOBS[r.knob].option: (r.knob, r.tuned) for r in kept}
+    evidence = {r.knob: replace(r, host=group).evidence(day) for r in kept}
+    for host, found in classes.read_vars(inventory, [*members, *earlier]).items():
+        other = [o for o, (_k, v) in wanted.items() if found.get(o) != v]
+        tuned = found.get("plan_tuned")
+        theirs: Mapping[str, Any] = tuned if isinstance(tuned, Mapping) else {}
+        stale = [k for o, (k, _v) in wanted.items() if o not in other and theirs.get(k) != evidence[k]]
+        if other:
             messages.append(
-                f"{host}: {own} sets {', '.join(shadowed)} itself, which wins over the class's group_vars/{group}.yml; "
-                "remove it there to take the tuned value"
+                f"{host}: {', '.join(f'{o} is {found.get(o)!r}' for o in other)} there, from its host_vars, its inventory "
+                f"line or a deeper group, which Ansible ranks above group {group}; remove it there to take the tuned value"
+            )
+        if stale:
+            messages.append(
+                f"{host}: a plan_tuned of its own (host_vars) replaces the class's, so `provisioner plan` shows other "
+                f"evidence for {', '.join(stale)}; remove plan_tuned there"
             )
     return written, messages

@@ -425,25 +425,43 @@ USER_VARS = "---\n# rack 4, the box next to the switch\nserving_enabled: false  
 TUNE = ("--workloads", "features", "--budget", "2m")
 
 
-def test_tune_measures_against_the_rule_and_writes_back_only_what_it_kept(provisioned):
-    """tune --write on the provisioned server: every candidate measured in pairs as the ML user runs
-    it, nothing on the host changed but its study, and only what was kept written into host_vars,
-    beside the user's own lines (which rule wins on a shared 2-core server is the noise's to say:
-    both outcomes are held to what they must leave). A run resuming its study, and a kernel knob
-    put back after Ctrl-C, are tests/host's (on this machine); a run without --write writes nothing
-    (tests/unit/test_tune.py)."""
+def fleet_of_two(server, other) -> Path:
+    """One inventory with SERVER and OTHER, each as its own inventory names it (beside SERVER's)."""
+    inv = yaml.safe_load(server.inventory.read_text())
+    hosts = inv["all"]["children"]["lab"]["hosts"]
+    hosts.update(yaml.safe_load(other.inventory.read_text())["all"]["children"]["lab"]["hosts"])
+    path = server.inventory.with_name("fleet.yml")
+    path.write_text("---\n# the two lab servers of this machine: one hardware class\n" + yaml.safe_dump(inv))
+    return path
+
+
+def test_tune_measures_a_class_of_two_once_and_writes_back_only_what_it_kept(provisioned, base_server):
+    """tune --write on a fleet of two servers of the same hardware (the provisioned one and the stock
+    baseline server, both on this machine): only the provisioned one is measured, every candidate in
+    pairs as the ML user runs it, nothing on either host changed but its study, and only what was kept
+    written, once, into the class's group (the user's host_vars as they were). Which rule wins on a
+    shared 2-core server is the noise's to say: both outcomes are held to what they must leave. A run
+    resuming its study, and a kernel knob put back after Ctrl-C, are tests/host's (on this machine); a
+    run without --write writes nothing, and the group as Ansible reads it, are tests/unit/test_tune.py's."""
     server = provisioned["server"]
-    inv = str(server.inventory)
     host = server.name
+    fleet = fleet_of_two(server, base_server)
+    listed = fleet.read_text()
     path = server.inventory.parent / "host_vars" / f"{host}.yml"
     path.parent.mkdir(exist_ok=True)
     path.write_text(USER_VARS)
     etc = etc_checksum(server)
+    etc_base = etc_checksum(base_server)
     planned = plan_values(server)["polars_threads"]  # before --write: the plan then carries what was kept
     # --force: the suite's other worker keeps these two cores busy, which tune refuses by default
     # (tests/unit/test_tune.py holds the refusal).
-    rc, out = cli_json("tune", "-i", inv, *TUNE, "--force", "--write")
+    rc, out = cli_json("tune", "-i", str(fleet), *TUNE, "--force", "--write")
     assert rc == ExitCode.OK, out
+    # One class, measured on its first host; the other is not touched by the search.
+    assert list(out["classes"].values()) == [[host, base_server.name]], out["classes"]
+    assert list(out["results"]) == [host]
+    assert ssh(base_server, "test -e /var/lib/provisioner/tune").returncode == 1
+    assert etc_checksum(base_server) == etc_base
     result = out["results"][host]
     record = result["workloads"]["features"]["knobs"]["polars_threads"]
     rule = record["rule"]
@@ -457,14 +475,25 @@ def test_tune_measures_against_the_rule_and_writes_back_only_what_it_kept(provis
     # Nothing on the host changed but the study it keeps.
     assert etc_checksum(server) == etc
     assert out_of(server, "ls /var/lib/provisioner/tune").split() == ["lock", "studies.db"]
-    text = path.read_text()
-    assert text.startswith(USER_VARS), text  # the user's lines, comments included, as they were
+    assert path.read_text() == USER_VARS  # the class's values go into its group, not a member's host_vars
     kept = record["tuned"]
+    group_vars = sorted((fleet.parent / "group_vars").glob("hw_*.yml")) if (fleet.parent / "group_vars").exists() else []
     if kept is None:
-        assert text == USER_VARS and not out["written"]
-    else:
-        data = yaml.safe_load(text)
-        assert data["plan_polars_threads"] == kept["value"] and "over the rule's" in data["plan_tuned"]["polars_threads"]
+        assert group_vars == [] and not out["written"] and fleet.read_text() == listed
+        return
+    assert [str(p) for p in group_vars] == out["written"][:1] and out["written"][1:] == [str(fleet)]
+    data = yaml.safe_load(group_vars[0].read_text())
+    assert data["plan_polars_threads"] == kept["value"]
+    assert data["plan_tuned"]["polars_threads"].endswith(f", measured on {host})")
+    group = group_vars[0].stem
+    edited = yaml.safe_load(fleet.read_text())
+    assert list(edited[group]["hosts"]) == [host, base_server.name] and fleet.read_text().startswith(listed)
+    # The plan reads the class's value for both members, with its evidence.
+    rc, plans = cli_json("plan", "-i", str(fleet))
+    assert rc == ExitCode.OK, plans
+    for name in (host, base_server.name):
+        got = {s["key"]: s for s in plans[name]["settings"]}["polars_threads"]
+        assert got["value"] == kept["value"] and got["reason"].startswith("tuned: "), got
 
 
 def test_a_tuned_value_in_host_vars_is_planned_with_its_evidence_and_up_applies_only_it(provisioned):

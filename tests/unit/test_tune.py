@@ -7,13 +7,14 @@ from __future__ import annotations
 import copy
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from provisioner.errors import BadInput
-from provisioner.tune import driver, knobs, live, pairs, proposal
+from provisioner.tune import classes, driver, knobs, live, pairs, proposal
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 
@@ -110,11 +111,11 @@ def test_identical_hosts_form_one_class() -> None:
     b["block_devices"] = list(reversed(b["block_devices"]))  # the kernel named the drives in another order
     b["memory"] = {**b["memory"], "available_bytes": 1}  # what is free now is not the hardware
     other = _facts("vm_2vcpu")
-    got = proposal.classes({"b": b, "a": a, "c": other})
+    got = classes.of({"b": b, "a": a, "c": other})
     assert sorted(got.values()) == [["a", "b"], ["c"]]
     c = copy.deepcopy(a)
     c["memory"]["total_bytes"] *= 2
-    assert proposal.fingerprint(c) != proposal.fingerprint(a)
+    assert classes.fingerprint(c) != classes.fingerprint(a)
 
 
 # ---------------------------------------------------------------- the host driver
@@ -306,16 +307,16 @@ def test_write_back_creates_the_file_and_refuses_what_it_cannot_write(tmp_path: 
             proposal.check_writable(inventory, [host])
 
 
-def _ansible_vars(inventory: Path, host: str) -> dict[str, Any]:
-    """HOST's variables as Ansible itself reads them from INVENTORY (its group_vars and host_vars)."""
+def _ansible_vars(inventory: Path, hosts: list[str]) -> dict[str, dict[str, Any]]:
+    """Each host's variables as Ansible itself reads them from INVENTORY (its group_vars and host_vars)."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 
     loader = DataLoader()
     manager = InventoryManager(loader=loader, sources=[str(inventory)])
-    found: dict[str, Any] = VariableManager(loader=loader, inventory=manager).get_vars(host=manager.get_host(host))
-    return found
+    variables = VariableManager(loader=loader, inventory=manager)
+    return {host: variables.get_vars(host=manager.get_host(host)) for host in hosts}
 
 
 YAML_INVENTORY = """\
@@ -329,93 +330,152 @@ all:
           ansible_host: 10.0.0.1  # rack 4
         box2:
           ansible_host: 10.0.0.2
+        box3:
+          ansible_host: 10.0.0.3
 """
 INI_INVENTORY = (
-    "# the racks\n[racks]\nbox1 ansible_host=10.0.0.1\nbox2 ansible_host=10.0.0.2\n\n[racks:vars]\nansible_user=root\n"
+    "# the racks\n[racks]\nbox1 ansible_host=10.0.0.1\nbox2 ansible_host=10.0.0.2\nbox3 ansible_host=10.0.0.3\n\n"
+    "[racks:vars]\nansible_user=root\n"
 )
+PRINT = "abc123abc123"
+
+
+def _measured() -> list[proposal.Row]:
+    """The measured host's rows (box1): polars_threads kept at 1, the DataLoader's rule stays."""
+    return _kept("box1")
+
+
+def _inventory(tmp_path: Path, kind: str) -> tuple[Path, Path]:
+    """An inventory of KIND (yaml, ini, dir) with box1-3, and the file a class's group goes into."""
+    if kind == "dir":
+        inventory = tmp_path / "inv"
+        inventory.mkdir()
+        (inventory / "hosts.yml").write_text(YAML_INVENTORY)
+        return inventory, inventory / classes.CLASSES_FILE
+    inventory = tmp_path / ("hosts.yml" if kind == "yaml" else "hosts")
+    inventory.write_text(YAML_INVENTORY if kind == "yaml" else INI_INVENTORY)
+    return inventory, inventory
 
 
 @pytest.mark.parametrize("kind", ["yaml", "ini", "dir"])
 def test_a_class_goes_into_its_group_which_ansible_gives_every_member(tmp_path: Path, kind: str) -> None:
     """A class of two hosts measured on box1: one group_vars file for the class, the group with both
-    members in the inventory (the user's lines and comments as they were), read back by Ansible."""
-    if kind == "dir":
-        inventory = tmp_path / "inv"
-        inventory.mkdir()
-        (inventory / "hosts.yml").write_text(YAML_INVENTORY)
-        edited = inventory / proposal.CLASSES_FILE
-    else:
-        inventory = tmp_path / ("hosts.yml" if kind == "yaml" else "hosts")
-        inventory.write_text(YAML_INVENTORY if kind == "yaml" else INI_INVENTORY)
-        edited = inventory
-    original = inventory.read_text() if kind != "dir" else ""
-    kept = [r for r in _kept(proposal.class_group("abc123abc123")) if r.kept]
-    written, said = proposal.write_class(inventory, "abc123abc123", ["box1", "box2"], kept, day="2026-12-05")
+    members in the inventory (the user's lines byte for byte), read back by Ansible."""
+    inventory, edited = _inventory(tmp_path, kind)
+    original = "" if kind == "dir" else inventory.read_text()
+    assert classes.kind(inventory) == kind
+    written, said = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2"], day="2026-12-05")
     group_vars = (inventory if kind == "dir" else tmp_path) / "group_vars" / "hw_abc123abc123.yml"
     assert written == [group_vars, edited] and said == []
-    if kind != "dir":
-        assert edited.read_text().startswith(original.rstrip("\n")), edited.read_text()  # the user's lines kept
+    assert edited.read_text().startswith(original)  # the user's lines as they were
     assert "hosts of one hardware class" in edited.read_text() and "measured on box1" in edited.read_text()
+    got = _ansible_vars(inventory, ["box1", "box2", "box3"])
     for host in ("box1", "box2"):
-        got = _ansible_vars(inventory, host)
-        assert got["plan_polars_threads"] == 1, got
-        assert got["plan_tuned"]["polars_threads"].endswith("2026-12-05, measured on box1)"), got["plan_tuned"]
-        assert got["ansible_host"].startswith("10.0.0.")
-    # Written again (a later tune of the same class): the group is not repeated, the inventory not rewritten.
-    again, _ = proposal.write_class(inventory, "abc123abc123", ["box1", "box2"], kept, day="2026-12-06")
-    assert again == [group_vars] and edited.read_text().count("hw_abc123abc123") == 2  # the group and the note
+        assert got[host]["plan_polars_threads"] == 1, got[host]
+        assert got[host]["plan_tuned"]["polars_threads"].endswith("2026-12-05, measured on box1)"), got[host]["plan_tuned"]
+        assert got[host]["ansible_host"].startswith("10.0.0.")
+    assert "plan_polars_threads" not in got["box3"]
+    # Written again (a later tune of the same class): the group is not repeated.
+    before = edited.read_text()
+    again, _ = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2"], day="2026-12-05")
+    assert again == [group_vars] and edited.read_text() == before
     # A new member of the class joins the group; the others stay listed once.
-    listed = edited.read_text().count("box1")
-    proposal.write_class(inventory, "abc123abc123", ["box1", "box2", "box3"], kept, day="2026-12-06")
-    assert _ansible_vars(inventory, "box3")["plan_polars_threads"] == 1
-    assert edited.read_text().count("box1") == listed and edited.read_text().count("box3") == 1
+    proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2", "box3"], day="2026-12-06")
+    assert _ansible_vars(inventory, ["box3"])["box3"]["plan_polars_threads"] == 1
+    assert edited.read_text().startswith(original) and edited.read_text().count("box2") == before.count("box2")
 
 
-def test_a_members_own_host_vars_value_is_named_as_winning_over_the_class(tmp_path: Path) -> None:
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(YAML_INVENTORY)
-    (tmp_path / "host_vars").mkdir()
-    (tmp_path / "host_vars" / "box2.yml").write_text("---\nplan_polars_threads: 2  # set by hand\n")
-    kept = [r for r in _kept("hw_abc123abc123") if r.kept]
-    _, said = proposal.write_class(inventory, "abc123abc123", ["box1", "box2"], kept, day="2026-12-05")
+def test_a_host_whose_hardware_changed_leaves_its_old_class_and_a_removed_one_leaves_every_class(tmp_path: Path) -> None:
+    inventory, _ = _inventory(tmp_path, "yaml")
+    proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2", "box3"], day="2026-12-05")
+    # box2 and box3 got more memory: a class of their own now, measured on box2 (polars_threads 2).
+    other = [replace(r, tuned=2) if r.kept else r for r in _kept("box2")]
+    proposal.write_class(inventory, "def456def456", other, ["box2", "box3"], day="2026-12-06")
+    got = _ansible_vars(inventory, ["box1", "box2", "box3"])
+    assert [got[h]["plan_polars_threads"] for h in ("box1", "box2", "box3")] == [1, 2, 2]
+    # The user takes box3 out of the inventory: no class's group keeps it defined.
+    inventory.write_text(inventory.read_text().replace("        box3:\n          ansible_host: 10.0.0.3\n", ""))
+    proposal.write_class(inventory, "def456def456", other, ["box1", "box2"], day="2026-12-07")
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+
+    assert sorted(InventoryManager(loader=DataLoader(), sources=[str(inventory)]).hosts) == ["box1", "box2"]
+    assert "hw_abc123abc123" not in inventory.read_text()  # its last member moved: the empty group is gone
+
+
+def test_a_member_outside_limit_keeps_the_group_and_is_named(tmp_path: Path) -> None:
+    inventory, _ = _inventory(tmp_path, "ini")
+    proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2", "box3"], day="2026-12-05")
+    _, said = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2"], day="2026-12-06")
     assert said == [
-        f"box2: {tmp_path}/host_vars/box2.yml sets plan_polars_threads itself, which wins over the class's "
-        "group_vars/hw_abc123abc123.yml; remove it there to take the tuned value"
+        "box3: in group hw_abc123abc123 from an earlier tune and not reached by this one (--limit), they get these values too"
     ]
-    assert (
-        _ansible_vars(inventory, "box2")["plan_polars_threads"] == 2
-        and _ansible_vars(inventory, "box1")["plan_polars_threads"] == 1
+    assert _ansible_vars(inventory, ["box3"])["box3"]["plan_tuned"]["polars_threads"].endswith("2026-12-06, measured on box1)")
+
+
+def test_a_value_ansible_ranks_above_the_class_is_named(tmp_path: Path) -> None:
+    inventory, _ = _inventory(tmp_path, "yaml")
+    inventory.write_text(
+        inventory.read_text().replace("ansible_host: 10.0.0.3", "ansible_host: 10.0.0.3\n          plan_polars_threads: 4")
     )
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "box2.yml").write_text("---\nplan_tuned:\n  trials: 1.1x over the rule's 2 on hpo\n")
+    _, said = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2", "box3"], day="2026-12-05")
+    assert said == [
+        "box2: a plan_tuned of its own (host_vars) replaces the class's, so `provisioner plan` shows other evidence for "
+        "polars_threads; remove plan_tuned there",
+        "box3: plan_polars_threads is 4 there, from its host_vars, its inventory line or a deeper group, which Ansible "
+        "ranks above group hw_abc123abc123; remove it there to take the tuned value",
+    ]
 
 
-def test_an_inventory_that_takes_no_group_gives_each_member_host_vars(tmp_path: Path) -> None:
-    script = tmp_path / "inventory.py"
-    script.write_text("#!/usr/bin/env python3\nprint('{}')\n")
-    script.chmod(0o755)
-    kept = [r for r in _kept("hw_abc123abc123") if r.kept]
-    written, said = proposal.write_class(script, "abc123abc123", ["box1", "box2"], kept, day="2026-12-05")
+@pytest.mark.parametrize(
+    ("name", "text", "mode", "kind"),
+    [
+        ("hosts", YAML_INVENTORY, 0o644, "yaml"),  # YAML without a suffix
+        ("hosts.yml", YAML_INVENTORY, 0o755, "yaml"),  # a YAML file with the x bit (a checkout's mode)
+        ("hosts.ini", INI_INVENTORY, 0o644, "ini"),
+        ("inventory.py", "#!/usr/bin/env python3\nprint('{}')\n", 0o755, "other"),
+        ("aws_ec2.yml", "---\nplugin: amazon.aws.aws_ec2\n", 0o644, "other"),
+        ("hosts.json", json.dumps({"all": {"hosts": {"box1": None, "box2": None}}}), 0o644, "other"),
+        ("hosts.toml", "[racks.hosts]\nbox1 = {}\nbox2 = {}\n", 0o644, "other"),
+        ("hosts.vault", "$ANSIBLE_VAULT;1.1;AES256\n6162636465\n", 0o644, "other"),
+    ],
+)
+def test_an_inventory_that_takes_no_group_gives_each_member_host_vars(
+    tmp_path: Path, name: str, text: str, mode: int, kind: str
+) -> None:
+    inventory = tmp_path / name
+    inventory.write_text(text)
+    inventory.chmod(mode)
+    assert classes.kind(inventory) == kind
+    written, said = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2"], day="2026-12-05")
+    if kind != "other":
+        assert "hw_abc123abc123" in inventory.read_text()
+        return
+    assert inventory.read_text() == text  # left as it was
     assert written == [tmp_path / "host_vars" / "box1.yml", tmp_path / "host_vars" / "box2.yml"]
-    assert said and "each member's host_vars" in said[0]
-    assert script.read_text() == "#!/usr/bin/env python3\nprint('{}')\n"
+    assert len(said) == 1 and said[0].endswith("each member's host_vars got the values instead"), said
+    # The measured host's evidence is its own; the other's names the host measured.
+    assert "measured on" not in written[0].read_text() and "measured on box1)" in written[1].read_text()
 
 
-def test_write_for_a_fleet_is_refused_where_the_inventory_cannot_take_the_group(tmp_path: Path) -> None:
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(YAML_INVENTORY)
-    inventory.chmod(0o444)
-    proposal.check_writable(inventory, ["box1"])  # one host: only its host_vars is written
-    import os
-
-    if os.geteuid() == 0:  # root writes a read-only file: a file in its place does the refusing
-        inventory.chmod(0o644)
-        inventory.unlink()
-        inventory.mkdir()
-        (inventory / proposal.CLASSES_FILE).mkdir()
-        with pytest.raises(BadInput, match=rf"--write cannot write {inventory}/{proposal.CLASSES_FILE} "):
-            proposal.check_writable(inventory, ["box1", "box2"])
-    else:
-        with pytest.raises(BadInput, match=r"--write cannot write .*hosts.yml"):
-            proposal.check_writable(inventory, ["box1", "box2"])
+def test_write_for_a_fleet_is_refused_where_a_class_could_not_be_written(tmp_path: Path) -> None:
+    inventory, _ = _inventory(tmp_path, "yaml")
+    proposal.check_writable(inventory, ["box1", "box2"])
+    proposal.check_class_writable(inventory, {PRINT: ["box1", "box2"], "def456def456": ["box3"]})
+    # The class's group_vars file is one it could not edit.
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "hw_abc123abc123.yml").write_text("- a list\n")
+    with pytest.raises(BadInput, match=r"hw_abc123abc123.yml is not a mapping of variables"):
+        proposal.check_class_writable(inventory, {PRINT: ["box1", "box2"]})
+    proposal.check_class_writable(inventory, {PRINT: ["box1"]})  # a class of one: its host_vars only
+    # An inventory directory whose classes file cannot be written (a directory in its place).
+    (tmp_path / "d").mkdir()
+    directory, classes_file = _inventory(tmp_path / "d", "dir")
+    classes_file.mkdir()
+    with pytest.raises(BadInput, match=rf"--write cannot write {classes_file} "):
+        proposal.check_class_writable(directory, {PRINT: ["box1", "box2"]})
 
 
 def test_a_second_tune_on_the_host_is_refused_while_one_runs(tmp_path: Path) -> None:
@@ -501,13 +561,13 @@ def test_one_host_per_hardware_class_is_measured_and_its_group_written(monkeypat
     assert fleet.ran == [("facts.yml", None), ("tune.yml", "a,c")]
     assert [(r.host, r.tuned, r.measured_on) for r in result.value.rows] == [("a", 1, "a"), ("b", 1, "a")]
     # The class of a and b: one group_vars file and the group in the inventory, no host_vars.
-    group = proposal.class_group(proposal.fingerprint(_facts("xeon_2s")))
+    group = classes.class_group(classes.fingerprint(_facts("xeon_2s")))
     assert result.value.written == [tmp_path / "group_vars" / f"{group}.yml", fleet.inventory]
     assert not (tmp_path / "host_vars").exists()
     for host in ("a", "b"):
-        got = _ansible_vars(fleet.inventory, host)
+        got = _ansible_vars(fleet.inventory, [host])[host]
         assert got["plan_polars_threads"] == 1 and got["plan_tuned"]["polars_threads"].endswith("measured on a)")
-    assert "plan_polars_threads" not in _ansible_vars(fleet.inventory, "c")
+    assert "plan_polars_threads" not in _ansible_vars(fleet.inventory, ["c"])["c"]
     assert any("b: same hardware as a" in m for m in result.messages)
 
 
