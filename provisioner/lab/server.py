@@ -21,7 +21,7 @@ from .common import LabError, check_environment, write_file
 from .image import ensure_image
 from .mounts import check_devices, is_mounted, mount_overlay, umount
 from .rootfs import ensure_rootfs
-from .ssh import close_kept_connection, lab_key, new_host_key, prepare_overlay, write_client_files
+from .ssh import lab_key, new_host_key, prepare_overlay, write_client_files
 from .state import LabServer, all_states, read_state, server_dir, server_from_state, validate_name, write_state
 
 
@@ -82,7 +82,6 @@ def _teardown(name: str, graceful: bool = True) -> bool:
         vm.stop(int(state.get("pid") or 0), name)
         _discard(root)
         return True
-    close_kept_connection(root)
     processes.stop(int(state.get("pid") or 0), int(state.get("leader_pid") or 0), name, graceful)
     network.delete_link(state.get("host_veth", ""))
     merged = root / "merged"

@@ -3,8 +3,6 @@ inside its overlay, and the files a client uses (known_hosts, inventory.yml, ssh
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -111,23 +109,13 @@ def inventory(name: str, address: str, key: Path, known_hosts: Path, port: int =
     return {"all": {"children": {"lab": {"hosts": {name: host}}}}}
 
 
-# The socket of the connection `ssh -F ssh_config NAME` keeps to a container (in the server's
-# directory, so a later server that gets the same address never reaches it; lab down closes it).
-KEPT_CONNECTION = "ssh-mux"
-KEPT_SECONDS = 60
-
-
-def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int = 22, kept: Path | None = None) -> str:
+def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int = 22) -> str:
     """An ssh_config stanza for `ssh -F FILE NAME`: root with the lab key, strict host key, no prompts.
 
-    KEPT: the socket of one connection every such ssh shares (a new login costs a quarter of a
-    second here, a command over the kept one a fiftieth); without it each makes its own (a VM's,
-    which its reboots would leave hanging on a dead guest)."""
-    reuse = (
-        f"  ControlMaster auto\n  ControlPath {kept}\n  ControlPersist {KEPT_SECONDS}\n"
-        if kept
-        else "  ControlMaster no\n  ControlPath none\n"
-    )
+    Every ssh is a login of its own, as to a real server: a connection kept between commands
+    would give each later command the environment of its first login (PAM reads /etc/environment
+    and the limits when a connection logs in), and a VM's would hang on a guest a reboot took away."""
+    reuse = "  ControlMaster no\n  ControlPath none\n"
     return (
         f"Host {name}\n"
         f"  HostName {address}\n"
@@ -165,16 +153,7 @@ def write_client_files(
         write_file(trusted, record)
     inv = inventory(name, address, key, known_hosts, port, fresh)
     write_file(root / "inventory.yml", yaml.safe_dump(inv, sort_keys=False))
-    kept = root / KEPT_CONNECTION if port == 22 else None
-    write_file(root / "ssh_config", ssh_config(name, address, key, trusted, port, kept))
-
-
-def close_kept_connection(root: Path) -> None:
-    """End the connection ssh_config keeps to the server in ROOT, if one is open."""
-    from provisioner.engine.ssh import close_master
-
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        close_master(root / KEPT_CONNECTION)
+    write_file(root / "ssh_config", ssh_config(name, address, key, trusted, port))
 
 
 def new_host_key(directory: Path, name: str) -> list[str]:

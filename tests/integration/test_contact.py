@@ -63,12 +63,7 @@ def test_one_ssh_login_per_host_and_nothing_left_behind(lab_server):
         assert masters.stdout == "", f"SSH masters still running: {masters.stdout}"
     finally:
         shutil.rmtree(state, ignore_errors=True)
-    # A login of its own (not the connection the lab's ssh_config keeps), so it counts itself once.
-    logins = subprocess.run(
-        ["ssh", "-F", str(lab_server.ssh_config), "-o", "ControlMaster=no", "-o", "ControlPath=none", lab_server.name,
-         f"journalctl -u ssh --since @{since} --no-pager -o cat | grep -c 'Accepted publickey'"],
-        capture_output=True, text=True, timeout=120,
-    )
+    logins = ssh(lab_server, f"journalctl -u ssh --since @{since} --no-pager -o cat | grep -c 'Accepted publickey'")
     # The command's one master, and this ssh command that counts.
     assert logins.stdout.strip() == "2", logins.stdout + logins.stderr
 

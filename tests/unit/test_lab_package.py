@@ -314,8 +314,9 @@ def test_client_files_check_the_one_host_key_strictly(tmp_path: Path) -> None:
     ):
         assert line in config
     assert "  GlobalKnownHostsFile /dev/null" in config and "  BatchMode yes" in config
-    # One kept connection per container, its socket in the server's own directory (lab down ends it).
-    assert "  ControlMaster auto" in config and f"  ControlPath {tmp_path / ssh.KEPT_CONNECTION}" in config
+    # Every ssh logs in anew, as to a real server: a kept connection would carry its first login's
+    # environment (PAM's /etc/environment) to every later command.
+    assert "  ControlMaster no" in config and "  ControlPath none" in config
 
 
 # --------------------------------------------------------------------------- this machine
