@@ -712,6 +712,7 @@ def tune(
     rows: list[Any] = []
     written: list[Path] = []
     messages: list[str] = []
+    placement = {host: classes.class_group(print_) for print_, members in groups.items() for host in members}
     for print_, members in groups.items():
         result = results.get(members[0])
         if result is None:
@@ -727,11 +728,15 @@ def tune(
             path = proposal.write(inv, members[0], [r for r in proposal.rows(members[0], result) if r.kept])
             written += [path] if path else []
         elif write:  # the class's values once, in its group (the evidence names the host measured)
-            paths_, said = proposal.write_class(inv, print_, proposal.rows(members[0], result, measured_on=members[0]), members)
+            paths_, said = proposal.write_class(
+                inv, print_, proposal.rows(members[0], result, measured_on=members[0]), members, placement=placement
+            )
             written += paths_
             messages += said
         if len(members) > 1:
             messages.append(f"{', '.join(members[1:])}: same hardware as {members[0]}, which was measured for them")
+    if write:  # a reached host leaves a class's group its hardware no longer matches
+        messages += proposal.prune(inv, placement)
     outcome = TuneOutcome(run, rows, groups, written, results)
     if results:
         from . import report

@@ -59,7 +59,8 @@ def replace_file(dest: Path, data: bytes, mode: int | None = None) -> Path:
         if mode is None and dest.exists():
             st = dest.stat()
             os.chmod(tmp, st.st_mode & 0o7777)
-            os.chown(tmp, st.st_uid, st.st_gid)
+            if os.geteuid() == 0:  # only root can give a file to another owner
+                os.chown(tmp, st.st_uid, st.st_gid)
         else:
             os.chmod(tmp, 0o644 if mode is None else mode)
         os.replace(tmp, dest)

@@ -106,8 +106,13 @@ def kind(inventory: Path) -> str:
 
 
 def split(text: str, how: str) -> tuple[str, dict[str, tuple[str, list[str]]]]:
-    """TEXT without the classes' groups, and those groups: name -> (its note, its hosts)."""
-    lines = text.splitlines()
+    """TEXT without the classes' groups, and those groups: name -> (its note, its hosts). A group's
+    block must hold only what render writes (its hosts' names, blank lines): a line of anyone
+    else's there raises CannotGroup naming it, so no line but the product's own is ever rewritten.
+    Lines are split on newlines only: a line's carriage return stays with it."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     keep: list[str] = []
     groups: dict[str, tuple[str, list[str]]] = {}
     i = 0
@@ -121,7 +126,7 @@ def split(text: str, how: str) -> tuple[str, dict[str, tuple[str, list[str]]]]:
         while j < len(lines) and not _ends(lines[j], how):
             j += 1
         note = keep.pop() if keep and keep[-1].startswith(NOTE) else ""
-        groups[found] = (note, _hosts(lines[i + 1 : j], how))
+        groups[found] = (note, _hosts(lines[i + 1 : j], how, found))
         while keep and not keep[-1].strip():
             keep.pop()
         i = j
@@ -142,13 +147,18 @@ def _ends(line: str, how: str) -> bool:
     return bool(line.strip()) and line[0] not in " \t"
 
 
-def _hosts(lines: Sequence[str], how: str) -> list[str]:
-    if how == "ini":
-        return [ln.split()[0] for ln in lines if ln.strip() and not ln.lstrip().startswith(("#", ";"))]
-    import yaml
-
-    data = yaml.safe_load("\n".join(lines)) or {}
-    return [str(h) for h in (data.get("hosts") or {})] if isinstance(data, dict) else []
+def _hosts(lines: Sequence[str], how: str, group: str) -> list[str]:
+    """The hosts of a group's block, as render writes them; anything else refused."""
+    hosts = []
+    for line in lines:
+        bare = line.strip()
+        if not bare or (how == "yaml" and bare == "hosts:"):
+            continue
+        name = re.fullmatch(r"(\S+)", bare) if how == "ini" else re.fullmatch(r" {4}(\S+|\"[^\"]*\"):\s*", line)
+        if not name:
+            raise CannotGroup(f"group {group} holds a line tune did not write ({bare!r}); move it out of the group's block")
+        hosts.append(json.loads(name.group(1)) if name.group(1).startswith('"') else name.group(1))
+    return hosts
 
 
 def render(groups: Mapping[str, tuple[str, Sequence[str]]], how: str) -> str:
@@ -182,11 +192,17 @@ def _quiet() -> Iterator[None]:
 
 
 def inventory_of(sources: Sequence[Path]) -> Any:
+    """SOURCES as Ansible's inventory; CannotGroup where Ansible refuses them (a setting such as
+    INVENTORY_ANY_UNPARSED_IS_FAILED makes an unreadable source an error, not a warning)."""
+    from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
 
-    with _quiet():
-        return InventoryManager(loader=DataLoader(), sources=[str(s) for s in sources])
+    try:
+        with _quiet():
+            return InventoryManager(loader=DataLoader(), sources=[str(s) for s in sources])
+    except AnsibleError as exc:
+        raise CannotGroup(f"Ansible does not read {', '.join(map(str, sources))}: {str(exc).splitlines()[0]}") from None
 
 
 def _parsed(text: str, like: Path) -> Any:
@@ -214,41 +230,53 @@ def _defined(inventory: Path, how: str, rest: str) -> set[str]:
     return set(_parsed(rest, edited_file(inventory)).hosts)
 
 
-def add_group(inventory: Path, group: str, members: Sequence[str], note: str) -> tuple[bool, list[str]]:
-    """GROUP with MEMBERS into the inventory, each member out of any other class's group, hosts the
-    rest of the inventory no longer defines dropped. Returns whether the file changed, and the
-    hosts of GROUP from an earlier write that this one did not reach (--limit): they get the values
-    too. Raises CannotGroup when Ansible would not read the edited file with the group."""
+def regroup(
+    inventory: Path, placement: Mapping[str, str], write: tuple[str, Sequence[str], str] | None = None
+) -> tuple[bool, list[str]]:
+    """The classes' groups in the inventory after a run: PLACEMENT maps each host the run reached to
+    the group of its class now, and a reached host leaves every other class's group (its hardware
+    changed); hosts the rest of the inventory no longer defines leave every group; WRITE, (group,
+    members, note), is written with its members. Returns whether the file changed, and the hosts
+    of WRITE's group from an earlier write that this run did not reach (--limit): they get its
+    values too. Raises CannotGroup when the inventory cannot take a group by a file edit, or when
+    Ansible would not read the edited file with the group."""
     how = kind(inventory)
     if how == "other":
         raise CannotGroup(
             f"{inventory} takes no group from a file edit (a script, a plugin's configuration, TOML, JSON or a vault)"
         )
     path = edited_file(inventory)
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    text = path.read_bytes().decode("utf-8") if path.exists() else ""  # line endings as they are
     style = "yaml" if how == "dir" else how
     rest, groups = split(text, style)
+    if write is None and not groups:
+        return False, []
     if how == "dir":
         rest = ""  # the file is the product's own
     defined = _defined(inventory, how, rest)
-    new = set(members)
-    earlier = [h for h in groups.get(group, ("", []))[1] if h not in new and h in defined]
+
+    def stays(host: str, group: str) -> bool:
+        return host in defined and placement.get(host, group) == group
+
     kept: dict[str, tuple[str, list[str]]] = {}
     for name, (old_note, hosts) in groups.items():
-        if name == group:
-            continue
-        left = [h for h in hosts if h not in new and h in defined]
-        if left:
+        left = [h for h in hosts if stays(h, name)]
+        if left and (write is None or name != write[0]):
             kept[name] = (old_note, left)
-    kept[group] = (note, [*members, *earlier])
+    earlier: list[str] = []
+    if write is not None:
+        group, members, note = write
+        earlier = [h for h in groups.get(group, ("", []))[1] if h not in placement and h in defined]
+        kept[group] = (note, [*members, *earlier])
     edited = rest + render(kept, style)
     if edited == text:
         return False, earlier
-    check = _parsed(edited, path) if how != "dir" else None
-    if check is not None:
-        got = check.groups.get(group)
-        if got is None or {h.name for h in got.get_hosts()} != set(kept[group][1]):
-            raise CannotGroup(f"Ansible does not read group {group} from {path} edited as {how}")
+    if how != "dir":
+        check = _parsed(edited, path)
+        for name, (_note, hosts) in kept.items():
+            got = check.groups.get(name)
+            if got is None or {h.name for h in got.get_hosts()} != set(hosts):
+                raise CannotGroup(f"Ansible does not read group {name} from {path} edited as {how}")
     from provisioner import paths
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -257,7 +285,8 @@ def add_group(inventory: Path, group: str, members: Sequence[str], note: str) ->
 
 
 def read_vars(inventory: Path, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Each host's variables as Ansible gives them from the inventory, its group_vars and host_vars."""
+    """Each host's variables as Ansible gives them from the inventory, its group_vars and host_vars.
+    Raises Ansible's error where it cannot read them (a vaulted file: no vault password here)."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager
 

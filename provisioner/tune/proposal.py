@@ -235,14 +235,20 @@ def _write_vars(path: Path, kept: Sequence[Row], day: str) -> None:
 
 
 def write_class(
-    inventory: Path, print_: str, measured: Sequence[Row], members: Sequence[str], day: str | None = None
+    inventory: Path,
+    print_: str,
+    measured: Sequence[Row],
+    members: Sequence[str],
+    day: str | None = None,
+    placement: Mapping[str, str] | None = None,
 ) -> tuple[list[Path], list[str]]:
     """A class of several hosts measured on its first: its kept rows (MEASURED, the measured host's)
     into group_vars of the class's group, and the group with its MEMBERS into the inventory
     (provisioner.tune.classes). An inventory that cannot take a group gets each member's host_vars.
     Returns the files written and what to tell the user: the inventory's hosts where Ansible's
     precedence gives another value or evidence than the class's, and the group's hosts this run did
-    not reach (outside --limit) that get the values too."""
+    not reach (outside --limit) that get the values too. PLACEMENT: every host the run reached ->
+    its class's group (default: the members in this one)."""
     kept = [r for r in measured if r.kept]
     if not kept:
         return [], []
@@ -252,8 +258,9 @@ def write_class(
         f"{classes.NOTE} {day}: hosts of one hardware class (CPU, cores, memory, drives), measured on "
         f"{members[0]}; their tuned values are in group_vars/{group}.yml"
     )
+    placed = dict(placement or {}) | {m: group for m in members}
     try:
-        changed, earlier = classes.add_group(inventory, group, members, note)
+        changed, earlier = classes.regroup(inventory, placed, (group, members, note))
     except classes.CannotGroup as exc:
         written = [p for host in members if (p := write(inventory, host, [replace(r, host=host) for r in kept], day))]
         return written, [f"{exc}: each member's host_vars got the values instead"]
@@ -270,7 +277,16 @@ def write_class(
     # or a deeper group ranks above the class's group, and a plan_tuned of its own replaces the group's.
     wanted = {knob_table.KNOBS[r.knob].option: (r.knob, r.tuned) for r in kept}
     evidence = {r.knob: replace(r, host=group).evidence(day) for r in kept}
-    for host, found in classes.read_vars(inventory, [*members, *earlier]).items():
+    from ansible.errors import AnsibleError
+
+    try:
+        found_vars = classes.read_vars(inventory, [*members, *earlier])
+    except AnsibleError as exc:
+        messages.append(
+            f"the hosts' variables could not be read back ({str(exc).splitlines()[0]}): see them with provisioner plan"
+        )
+        found_vars = {}
+    for host, found in found_vars.items():
         other = [o for o, (_k, v) in wanted.items() if found.get(o) != v]
         tuned = found.get("plan_tuned")
         theirs: Mapping[str, Any] = tuned if isinstance(tuned, Mapping) else {}
@@ -286,3 +302,13 @@ def write_class(
                 f"evidence for {', '.join(stale)}; remove plan_tuned there"
             )
     return written, messages
+
+
+def prune(inventory: Path, placement: Mapping[str, str]) -> list[str]:
+    """After a --write run: every host it reached out of the classes' groups but its own class's
+    (a host whose hardware changed, a class of one, a class that kept nothing); what to tell."""
+    try:
+        changed, _ = classes.regroup(inventory, placement)
+    except classes.CannotGroup as exc:
+        return [] if classes.kind(inventory) == "other" else [f"the classes' groups were left as they were: {exc}"]
+    return [f"{classes.edited_file(inventory)}: the classes' groups follow the hosts' hardware now"] if changed else []

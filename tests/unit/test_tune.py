@@ -460,6 +460,64 @@ def test_an_inventory_that_takes_no_group_gives_each_member_host_vars(
     assert "measured on" not in written[0].read_text() and "measured on box1)" in written[1].read_text()
 
 
+def test_a_reached_host_whose_class_changed_leaves_its_old_group_whatever_its_new_class_kept(tmp_path: Path) -> None:
+    inventory, _ = _inventory(tmp_path, "yaml")
+    proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2", "box3"], day="2026-12-05")
+    # box3's hardware changed: a class of its own (host_vars only, or nothing kept), every host reached.
+    placement = {"box1": "hw_abc123abc123", "box2": "hw_abc123abc123", "box3": "hw_def456def456"}
+    said = proposal.prune(inventory, placement)
+    assert said == [f"{inventory}: the classes' groups follow the hosts' hardware now"]
+    got = _ansible_vars(inventory, ["box1", "box3"])
+    assert got["box1"]["plan_polars_threads"] == 1 and "plan_polars_threads" not in got["box3"]
+    assert proposal.prune(inventory, placement) == []  # nothing left to move
+    # An inventory tune never grouped: nothing to do.
+    (tmp_path / "p").mkdir()
+    plain, _ = _inventory(tmp_path / "p", "ini")
+    assert proposal.prune(plain, placement) == [] and plain.read_text() == INI_INVENTORY
+
+
+def test_a_line_of_the_users_in_a_class_block_is_never_rewritten(tmp_path: Path) -> None:
+    inventory, _ = _inventory(tmp_path, "ini")
+    proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2"], day="2026-12-05")
+    with inventory.open("a") as f:  # a host appended at the end of the file lands in the class's section
+        f.write("newbox ansible_host=10.0.0.9 ansible_user=admin\n")
+    text = inventory.read_text()
+    written, said = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2", "box3"], day="2026-12-06")
+    assert inventory.read_text() == text  # the user's line kept, the file as it was
+    assert written == [tmp_path / "host_vars" / f"box{i}.yml" for i in (1, 2, 3)]
+    assert "holds a line tune did not write ('newbox ansible_host=10.0.0.9 ansible_user=admin')" in said[0], said
+    assert proposal.prune(inventory, {"box1": "hw_x"})[0].startswith("the classes' groups were left as they were")
+
+
+def test_crlf_lines_stay_as_they_were(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts"
+    inventory.write_bytes(INI_INVENTORY.replace("\n", "\r\n").encode())
+    proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2"], day="2026-12-05")
+    assert inventory.read_bytes().startswith(INI_INVENTORY.replace("\n", "\r\n").encode())
+    assert _ansible_vars(inventory, ["box2"])["box2"]["plan_polars_threads"] == 1
+
+
+def test_what_ansible_refuses_to_read_is_said_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ansible import constants
+
+    # A YAML file that ends its document: a group after it is not read, and Ansible set to fail on it.
+    monkeypatch.setattr(constants, "INVENTORY_ANY_UNPARSED_IS_FAILED", True)
+    ended = tmp_path / "ended.yml"
+    ended.write_text("---\nall:\n  hosts:\n    box1:\n    box2:\n...\n")
+    written, said = proposal.write_class(ended, PRINT, _measured(), ["box1", "box2"], day="2026-12-05")
+    assert ended.read_text() == "---\nall:\n  hosts:\n    box1:\n    box2:\n...\n"
+    assert written == [tmp_path / "host_vars" / "box1.yml", tmp_path / "host_vars" / "box2.yml"] and said, said
+    monkeypatch.undo()
+    # A vaulted vars file (no vault password on the control node's side of tune): the read-back says so.
+    (tmp_path / "v").mkdir()
+    inventory, _ = _inventory(tmp_path / "v", "yaml")
+    (inventory.parent / "group_vars" / "all").mkdir(parents=True)
+    (inventory.parent / "group_vars" / "all" / "vault.yml").write_text("$ANSIBLE_VAULT;1.1;AES256\n" + "3132" * 20 + "\n")
+    written, said = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2"], day="2026-12-05")
+    assert written[0].name == "hw_abc123abc123.yml"
+    assert any(m.startswith("the hosts' variables could not be read back (") for m in said), said
+
+
 def test_write_for_a_fleet_is_refused_where_a_class_could_not_be_written(tmp_path: Path) -> None:
     inventory, _ = _inventory(tmp_path, "yaml")
     proposal.check_writable(inventory, ["box1", "box2"])
