@@ -71,25 +71,20 @@ class _Multiplexer:
         self.path = None
 
 
-def close_master(sock: Path) -> None:
-    """End the SSH master whose socket is SOCK, if one listens there, and remove the socket."""
-    if sock.is_socket():
-        # The host name is not needed: the socket is named by ControlPath.
-        subprocess.run(
-            ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "provisioner-master"],
-            capture_output=True,
-            timeout=30,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    sock.unlink(missing_ok=True)
-
-
 def close_masters(directory: Path) -> None:
     for sock in directory.iterdir() if directory.is_dir() else ():
         if sock.is_dir():
             continue  # not a master: the caller removes the directory as a whole
-        close_master(sock)
+        if sock.is_socket():
+            # The host name is not needed: the socket is named by ControlPath.
+            subprocess.run(
+                ["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "provisioner-master"],
+                capture_output=True,
+                timeout=30,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        sock.unlink(missing_ok=True)
 
 
 def _prune_dead(base: Path) -> None:

@@ -115,7 +115,6 @@ def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int 
     Every ssh is a login of its own, as to a real server: a connection kept between commands
     would give each later command the environment of its first login (PAM reads /etc/environment
     and the limits when a connection logs in), and a VM's would hang on a guest a reboot took away."""
-    reuse = "  ControlMaster no\n  ControlPath none\n"
     return (
         f"Host {name}\n"
         f"  HostName {address}\n"
@@ -125,7 +124,10 @@ def ssh_config(name: str, address: str, key: Path, known_hosts: Path, port: int 
         "  IdentitiesOnly yes\n"
         f"  UserKnownHostsFile {known_hosts}\n"
         "  GlobalKnownHostsFile /dev/null\n"
-        "  StrictHostKeyChecking yes\n" + reuse + "  BatchMode yes\n"
+        "  StrictHostKeyChecking yes\n"
+        "  ControlMaster no\n"
+        "  ControlPath none\n"
+        "  BatchMode yes\n"
         "  LogLevel ERROR\n"
     )
 

@@ -68,10 +68,15 @@ def class_group(print_: str) -> str:
     return f"hw_{print_}"
 
 
-def group_file(inventory: Path, group: str) -> Path:
-    """group_vars/GROUP.yml beside the inventory."""
+def vars_beside(inventory: Path, where: str, name: str) -> Path:
+    """WHERE/NAME.yml (host_vars or group_vars) beside the inventory: a file's directory, or the
+    directory itself, where Ansible reads them for any inventory format."""
     base = inventory if inventory.is_dir() else inventory.parent
-    return base / "group_vars" / f"{group}.yml"
+    return base / where / f"{name}.yml"
+
+
+def group_file(inventory: Path, group: str) -> Path:
+    return vars_beside(inventory, "group_vars", group)
 
 
 def edited_file(inventory: Path) -> Path:

@@ -74,9 +74,7 @@ def check_knobs(names: Sequence[str], workloads: Sequence[str]) -> list[str]:
 
 
 def vars_file(inventory: Path, host: str) -> Path:
-    """host_vars/HOST.yml beside the inventory (a file's directory, or the directory itself)."""
-    base = inventory if inventory.is_dir() else inventory.parent
-    return base / "host_vars" / f"{host}.yml"
+    return classes.vars_beside(inventory, "host_vars", host)
 
 
 def check_writable(inventory: Path, hosts: Sequence[str]) -> None:
