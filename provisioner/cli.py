@@ -558,19 +558,43 @@ def lab_up(
             help="As a minimal install leaves a server: no python3-apt, no /etc/hosts, its host key in no known_hosts.",
         ),
     ] = False,
+    cpu_weight: Annotated[
+        int | None,
+        typer.Option(
+            "--cpu-weight",
+            help="Run the server's processes in a cpu cgroup of their own with this weight, 1 to 10000 (100: as any "
+            "other session here); e.g. 1000 for a server whose smoke test should measure as on a machine of its own.",
+        ),
+    ] = None,
     json: Json = False,
 ) -> None:
     """Boot a disposable Debian 12 server (systemd-nspawn, or qemu with --vm) and print how to reach it."""
-    _finish("lab up", json, lambda _: _lab_up(name, device or [], vm, drives, drive_size, boot_timeout, fresh), render.lab_server)
+    _finish(
+        "lab up",
+        json,
+        lambda _: _lab_up(name, device or [], vm, drives, drive_size, boot_timeout, fresh, cpu_weight),
+        render.lab_server,
+    )
 
 
 def _lab_up(
-    name: str, devices: list[str], vm: bool, drives: int, drive_size: str, boot_timeout: float, fresh: bool = False
+    name: str,
+    devices: list[str],
+    vm: bool,
+    drives: int,
+    drive_size: str,
+    boot_timeout: float,
+    fresh: bool = False,
+    cpu_weight: int | None = None,
 ) -> Result[Any]:
+    if cpu_weight is not None and not 1 <= cpu_weight <= 10_000:
+        raise BadInput(f"--cpu-weight {cpu_weight}: give a weight from 1 to 10000 (100: as any other session)")
     if not vm:
         if drives or drive_size != "4G" or boot_timeout != 600.0:
             raise BadInput("--drives, --drive-size and --boot-timeout are for lab VMs: add --vm")
-        return commands.lab_up(name, devices, fresh)
+        return commands.lab_up(name, devices, fresh, cpu_weight)
+    if cpu_weight is not None:
+        raise BadInput("--cpu-weight is for container lab servers: leave out --vm")
     if fresh:
         raise BadInput("--fresh is for container lab servers: leave out --vm")
     if devices:

@@ -623,10 +623,10 @@ def rollback(inventory: Path | None, to: str | None = None, **run_options: Any) 
 # ---------------------------------------------------------------- lab servers
 
 
-def lab_up(name: str, devices: Sequence[str] = (), fresh: bool = False) -> Result[Any]:
+def lab_up(name: str, devices: Sequence[str] = (), fresh: bool = False, cpu_weight: int | None = None) -> Result[Any]:
     from . import lab
 
-    return Result("lab up", lab.up(name, devices=list(devices), fresh=fresh))
+    return Result("lab up", lab.up(name, devices=list(devices), fresh=fresh, cpu_weight=cpu_weight))
 
 
 def lab_down(name: str) -> Result[dict[str, Any]]:

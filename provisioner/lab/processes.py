@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from . import cpu
 from .common import LabError
 from .mounts import is_mounted
 
@@ -91,11 +92,13 @@ def nspawn_cmd(merged: Path, name: str, devices: Sequence[str]) -> list[str]:
     return cmd + [f"--bind={dev}" for dev in devices]
 
 
-def spawn(merged: Path, name: str, devices: Sequence[str], console: Path) -> int:
-    """Start systemd-nspawn in a session of its own, its output appended to CONSOLE; its PID."""
+def spawn(merged: Path, name: str, devices: Sequence[str], console: Path, cgroup_procs: Path | None = None) -> int:
+    """Start systemd-nspawn in a session of its own, its output appended to CONSOLE; its PID.
+    CGROUP_PROCS: the cgroup.procs file of the cpu cgroup it starts in (provisioner.lab.cpu)."""
+    cmd = nspawn_cmd(merged, name, devices)
     with open(console, "ab") as out:
         proc = subprocess.Popen(
-            nspawn_cmd(merged, name, devices),
+            cpu.joined(cmd, cgroup_procs) if cgroup_procs else cmd,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -16,7 +16,7 @@ from provisioner import paths
 from provisioner.errors import ExitCode
 from provisioner.system import locked
 
-from . import network, processes, vm
+from . import cpu, network, processes, vm
 from .common import LabError, check_environment, write_file
 from .image import ensure_image
 from .mounts import check_devices, is_mounted, mount_overlay, umount
@@ -30,19 +30,27 @@ def frozen() -> contextlib.AbstractContextManager[None]:
     return locked(paths.lab_dir() / ".lock")
 
 
-def _create(name: str, devices: list[str], rootfs: Path, fresh: bool = False) -> LabServer:
+def _create(name: str, devices: list[str], rootfs: Path, fresh: bool = False, cpu_weight: int | None = None) -> LabServer:
     root = server_dir(name)
     root.mkdir(parents=True)
     root.chmod(0o700)
     key = lab_key()
     host_ip, address = network.subnet(network.allocate_index(all_states()))
-    state: dict[str, Any] = {"name": name, "address": address, "root": str(root), "devices": devices, "fresh": fresh}
+    state: dict[str, Any] = {
+        "name": name,
+        "address": address,
+        "root": str(root),
+        "devices": devices,
+        "fresh": fresh,
+        "cpu_weight": cpu_weight,
+    }
     write_state(name, state)
     merged = mount_overlay(rootfs, root)
     host_key = prepare_overlay(merged, name, key.with_name(key.name + ".pub").read_text(), fresh)
     write_client_files(root, name, address, key, host_key, fresh=fresh)
     console = root / "console.log"
-    state["pid"] = processes.spawn(merged, name, devices, console)
+    procs = cpu.create(name, cpu_weight) if cpu_weight is not None else None
+    state["pid"] = processes.spawn(merged, name, devices, console, procs)
     write_state(name, state)
     state["leader_pid"] = processes.wait_leader(state["pid"], console)
     state["host_veth"] = network.peer_veth(state["leader_pid"], console)
@@ -64,6 +72,7 @@ def _create(name: str, devices: list[str], rootfs: Path, fresh: bool = False) ->
         devices=devices,
         alive=True,
         fresh=fresh,
+        cpu_weight=cpu_weight,
     )
     write_state(name, server.to_dict(), indent=2)
     return server
@@ -83,6 +92,7 @@ def _teardown(name: str, graceful: bool = True) -> bool:
         _discard(root)
         return True
     processes.stop(int(state.get("pid") or 0), int(state.get("leader_pid") or 0), name, graceful)
+    cpu.remove(name)
     network.delete_link(state.get("host_veth", ""))
     merged = root / "merged"
     processes.remove_nspawn_leftovers(name, merged)
@@ -139,15 +149,19 @@ def _keep_console(name: str) -> Path | None:
     return None
 
 
-def up(name: str, *, devices: Sequence[str] = (), fresh: bool = False) -> LabServer:
+def up(name: str, *, devices: Sequence[str] = (), fresh: bool = False, cpu_weight: int | None = None) -> LabServer:
     """Boot lab server NAME, or return it unchanged if it is running (devices included).
 
     FRESH: from the fresh-install rootfs (no python3-apt, no /etc/hosts) with an empty
     known_hosts in its inventory, as a new server meets a control node that never saw it.
+    CPU_WEIGHT: its processes run in a cpu cgroup of their own with this weight (provisioner.lab.cpu;
+    100 weighs as any session of this machine); a running NAME is returned as it runs.
     A stale NAME (its nspawn process died, or an earlier up failed half way) is torn
     down and created again. Any failure tears down what this call made.
     """
     validate_name(name)
+    if cpu_weight is not None and not cpu.MIN_WEIGHT <= cpu_weight <= cpu.MAX_WEIGHT:
+        raise LabError(f"CPU weight {cpu_weight}: give a weight from {cpu.MIN_WEIGHT} to {cpu.MAX_WEIGHT}")
     check_environment()
     checked = check_devices(devices)
     rootfs = ensure_rootfs(fresh)
@@ -163,7 +177,7 @@ def up(name: str, *, devices: Sequence[str] = (), fresh: bool = False) -> LabSer
         _teardown(name, graceful=False)
         _failed_console(name).unlink(missing_ok=True)
         try:
-            return _create(name, checked, rootfs, fresh)
+            return _create(name, checked, rootfs, fresh=fresh, cpu_weight=cpu_weight)
         except BaseException as exc:
             kept = _keep_console(name)
             with contextlib.suppress(Exception):

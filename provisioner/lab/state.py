@@ -45,6 +45,8 @@ class LabServer:
     drives: list[str] = field(default_factory=list)
     # Booted from the fresh-install rootfs, its inventory's known_hosts empty (lab up --fresh).
     fresh: bool = False
+    # The weight of its cpu cgroup (lab up --cpu-weight); None: no cgroup of its own.
+    cpu_weight: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -81,6 +83,7 @@ class LabServer:
             port=data.get("port", 22),
             drives=list(data.get("drives") or []),
             fresh=bool(data.get("fresh", False)),
+            cpu_weight=data.get("cpu_weight"),
         )
 
 

@@ -31,11 +31,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from provisioner import lab
 from provisioner.errors import ExitCode
+from provisioner.lab import cpu
 
 pytestmark = pytest.mark.lab
 
 NAME = "pv-up"
 BASE = "pv-up-base"
+# Both servers measure (the smoke test, the baseline, tune): their processes run in a cpu cgroup
+# weighing ten sessions, ahead of the suite's other work on this machine's two shared cores, as
+# on a server of their own (docs/lab.md, "A server that measures").
+CPU_WEIGHT = 1000
 # docs/roles.md, "Kept on purpose": role storage's tools (they assemble, mount and repair the array).
 KEPT_PACKAGES = {"mdadm", "xfsprogs", "btrfs-progs"}
 # What a run writes first on a new server (its configuration, its state, the ML environment).
@@ -57,6 +62,21 @@ def snapshot(server) -> dict[str, set[str]]:
         "users": set(out_of(server, "cut -d: -f1 /etc/passwd").split()),
         "groups": set(out_of(server, "cut -d: -f1 /etc/group").split()),
     }
+
+
+def outside_the_cpu_group(server) -> list[str]:
+    """The server's processes (its PID namespace, seen from this machine) not in its cpu cgroup."""
+    namespace = os.readlink(f"/proc/{server.leader_pid}/ns/pid")
+    outside = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.readlink(proc / "ns/pid") == namespace:
+                cgroups = (proc / "cgroup").read_text()
+                if f"/{cpu.group_name(server.name)}\n" not in cgroups:
+                    outside.append(f"{proc.name}: {(proc / 'comm').read_text().strip()}")
+        except OSError:  # gone meanwhile
+            continue
+    return outside
 
 
 def etc_checksum(server) -> str:
@@ -88,7 +108,7 @@ def base_server(lab_requirements):
     """A stock, never provisioned server: the baseline's machine, and the host smoke and status refuse."""
     lab.down(BASE)
     try:
-        yield lab.up(BASE)
+        yield lab.up(BASE, cpu_weight=CPU_WEIGHT)
     finally:
         lab.down(BASE)
 
@@ -119,7 +139,7 @@ def provisioned(lab_requirements, base_server, offline, wheelhouse):
     that ends with the smoke test (its verify left out: the first run's passed, and
     test_verify_catches_a_broken_host runs verify again)."""
     lab.down(NAME)  # a server of that name left by an interrupted session is not fresh
-    server = lab.up(NAME, fresh=True)
+    server = lab.up(NAME, fresh=True, cpu_weight=CPU_WEIGHT)
     try:
         inv = str(server.inventory)
         state: dict = {"server": server, "offline": offline, "before": snapshot(server), "etc_before": etc_checksum(server)}
@@ -171,6 +191,8 @@ def test_the_first_run_on_a_fresh_server_succeeds_in_one_go_and_verifies(provisi
     made = " ".join((server.root / "lab_known_hosts").read_text().split()[1:3])  # the key the lab made
     assert found.returncode == 0 and made in found.stdout, "the first run must record the key it accepted"
     assert len(server.known_hosts.read_text().splitlines()) == 1
+    # Every process of the server runs in its cpu cgroup (lab up --cpu-weight), whatever session it is in.
+    assert outside_the_cpu_group(server) == []
     assert "python3-apt" in {p.split()[-1] for p in snapshot(server)["packages"] if p.startswith("ii ")}
     checks = out["verify"]["hosts"][host]
     assert [c for c in checks if c["outcome"] not in ("passed", "skipped")] == []

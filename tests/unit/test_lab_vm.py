@@ -364,6 +364,8 @@ def _cli(*args: str) -> tuple[int, dict]:
         (("up", "vm-x", "--drives", "2"), "--drives, --drive-size and --boot-timeout are for lab VMs: add --vm"),
         (("up", "vm-x", "--vm", "--device", "/dev/loop0"), "--device is for container lab servers"),
         (("up", "vm-x", "--vm", "--boot-timeout", "0"), "--boot-timeout 0: give a positive number of seconds"),
+        (("up", "vm-x", "--vm", "--cpu-weight", "1000"), "--cpu-weight is for container lab servers: leave out --vm"),
+        (("up", "vm-x", "--cpu-weight", "0"), "--cpu-weight 0: give a weight from 1 to 10000"),
     ],
 )
 def test_the_cli_refuses_options_of_the_other_kind(args: tuple[str, ...], message: str) -> None:
