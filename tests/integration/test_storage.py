@@ -3,15 +3,16 @@
 btrfs RAID0 end to end (check mode first, create, write + checksum, remount from fstab, re-run
 with no change, undo keeping the data and removing the role's files, adoption), a drive holding
 data that is not listed or listed without storage_wipe_devices (refused, data unchanged, on one
-host or on one of a fleet's), then wiping that drive when allowed, XFS on one drive, the mdadm
-backend on this kernel without an md driver (skipped with the reason, the planned commands and
-mdadm.conf line rendered), and the plan's proposal, built only when confirmed and then run again
-with no change. The module's decisions and the role's templates are tested without a lab in
-tests/unit/test_storage_module.py.
+host of a fleet of two, the other stopped before any change too), then wiping that drive when
+allowed, XFS on one drive, the mdadm backend on this kernel without an md driver (skipped with
+the reason, the planned commands and mdadm.conf line rendered), and the plan's proposal, built
+only when confirmed and then run again with no change. The module's decisions and the role's
+templates are tested without a lab in tests/unit/test_storage_module.py.
 
 Each test has a server of its own, except two pairs whose runs follow each other on one server:
-a module fixture runs them all (the refusal, then the wiping; the proposal, then its second run),
-reads the host after each and takes the server down, and each test of the pair asserts its part.
+a module fixture runs them all (the refusal on a fleet of two servers, then the wiping on one of
+them; the proposal, then its second run), reads the hosts after each and takes the servers down,
+and each test of the pair asserts its part.
 
 A storage refusal ends `provisioner up` with exit code 1, not 2: 2 means refused on the control
 node before any host was touched (the plan role), while the refusal needs the target's drives
@@ -297,12 +298,7 @@ def test_a_drive_with_data_that_is_not_listed_is_untouched(storage_lab, tmp_path
     before = ext4_file_sha(precious, "precious.bin")
     assert before == written
 
-    nothing = play(server, tmp_path, {})
-    assert nothing.rc == 0, nothing.failures()
-    assert nothing.changed("storage") == []
-    assert any("storage: nothing to do" in m for m in nothing.messages())
-    assert ssh(server, "ls /var/lib/provisioner/originals/storage.json", check=False).returncode != 0
-
+    # A run with no drives listed does nothing: the proposal's unconfirmed run below.
     one = play(server, tmp_path, btrfs_vars(blank, storage_level="single"))
     assert one.rc == 0, one.failures()
     assert ssh(server, "findmnt -n -o FSTYPE /data").stdout.strip() == "btrfs"
@@ -310,22 +306,38 @@ def test_a_drive_with_data_that_is_not_listed_is_untouched(storage_lab, tmp_path
     assert ssh(server, f"blkid -p -s LABEL -o value {precious}").stdout.strip() == "precious"
 
 
+def fleet_inventory(path: Path, servers: Sequence[tuple[lab.LabServer, list[str]]]) -> object:
+    """An inventory of several lab servers, each with its own storage_devices: [(server, devices)]."""
+    hosts = {}
+    for server, devices in servers:
+        hostvars = yaml.safe_load(server.inventory.read_text())["all"]["children"]["lab"]["hosts"][server.name]
+        hosts[server.name] = {**hostvars, "storage_devices": devices}
+    path.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    return SimpleNamespace(inventory=path)
+
+
 @pytest.fixture(scope="module")
 def refused_then_wiped(lab_requirements, tmp_path_factory) -> SimpleNamespace:
-    """One server, a blank drive and a 512M one holding an ext4 filesystem with data, both listed for
-    btrfs: refused (check mode, then for real) without storage_wipe_devices, the host read then, and
-    a run with the ext4 drive in storage_wipe_devices on the same server."""
+    """A fleet of two servers: one with a blank drive and a 512M one holding an ext4 filesystem with
+    data, both listed for btrfs, the other with two blank drives. Refused (check mode, then for real)
+    without storage_wipe_devices, the hosts read then, and a run on the first server alone with the
+    ext4 drive in storage_wipe_devices."""
     tmp = tmp_path_factory.mktemp("refused-then-wiped")
     with story_lab(tmp) as storage_lab:
+        drives, make_server = storage_lab
         server, blank, precious, _ = blank_and_precious(storage_lab, "pv-storage-refuse")
+        blank_a, blank_b = drives(), drives()
+        other = make_server("pv-storage-refuse-ok", devices=[blank_a, blank_b])
         story = SimpleNamespace(blank=blank, precious=precious, before=ext4_file_sha(precious, "precious.bin"))
-        ev = btrfs_vars(blank, precious)
-        story.refused = [play(server, tmp, ev, check=check) for check in (True, False)]
-        story.btrfs_progs = ssh(server, "dpkg -s btrfs-progs", check=False).returncode
+        fleet = fleet_inventory(tmp / "fleet.yml", [(server, [blank, precious]), (other, [blank_a, blank_b])])
+        ev = {"storage_allow_unstable_names": True, "storage_backend": "btrfs", "storage_level": "raid0"}
+        story.refused = [play(fleet, tmp, ev, check=check) for check in (True, False)]
+        story.btrfs_progs = [ssh(s, "dpkg -s btrfs-progs", check=False).returncode for s in (server, other)]
         story.originals = ssh(server, "ls /var/lib/provisioner/originals/storage.json", check=False).returncode
         story.fstab = ssh(server, "cat /etc/fstab").stdout
         story.after = ext4_file_sha(precious, "precious.bin")
         story.blank_type = ssh(server, f"blkid -p -s TYPE -o value {blank}", check=False).returncode
+        story.other_blank_type = ssh(other, f"blkid -p {blank_a}", check=False).returncode
 
         story.wiped = play(server, tmp, btrfs_vars(blank, precious, storage_wipe_devices=[precious]))
         story.wiped_type = ssh(server, f"blkid -p -s TYPE -o value {precious}", check=False).stdout.strip()
@@ -343,11 +355,13 @@ def test_a_listed_drive_with_data_is_refused_without_wiping_allowed(refused_then
         assert failures[0].startswith(f"storage: refusing {story.precious}: holds an ext4 filesystem (label precious, UUID ")
         assert failures[0].endswith(f"{SEP} add it to storage_wipe_devices to allow wiping it")
         assert r.changed("storage") == [], "the storage role changed something before refusing"
-    assert story.btrfs_progs != 0, "packages installed before the refusal"
+    assert story.btrfs_progs == [1, 1], "packages installed before the refusal"
     assert story.originals != 0
     assert " /data " not in story.fstab
     assert story.after == story.before
     assert story.blank_type == 2, "the blank drive was touched"
+    # The refusal on one host stops every host of the run before any change: the other built no array.
+    assert story.other_blank_type == 2, "the other host built its array"
 
 
 @pytest.mark.lab
@@ -398,33 +412,6 @@ def test_xfs_on_one_drive_end_to_end(storage_lab, tmp_path):
     assert ssh(server, "test -e /var/lib/provisioner/storage-plan.txt", check=False).returncode != 0
     second = play(server, tmp_path, ev)
     assert second.rc == 0 and second.changed("storage") == [], second.changed("storage")
-
-
-@pytest.mark.lab
-def test_a_refusal_on_one_host_stops_every_host_before_any_change(storage_lab, tmp_path):
-    drives, make_server = storage_lab
-    blank_a, blank_b = drives(), drives()
-    ok_server = make_server("pv-storage-fleet-a", devices=[blank_a, blank_b])
-    c, precious = drives(), drives("512M", ext4_file=("p.bin", b"keep me"))
-    bad_server = make_server("pv-storage-fleet-b", devices=[c, precious])
-    hosts = {}
-    for server, devices in ((ok_server, [blank_a, blank_b]), (bad_server, [c, precious])):
-        inv = yaml.safe_load(server.inventory.read_text())
-        hostvars = inv["all"]["children"]["lab"]["hosts"][server.name]
-        hosts[server.name] = {**hostvars, "storage_devices": devices}
-    fleet = tmp_path / "fleet.yml"
-    fleet.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-
-    class Fleet:
-        inventory = fleet
-
-    r = play(Fleet, tmp_path, {"storage_allow_unstable_names": True, "storage_backend": "btrfs"})
-    assert r.rc != 0
-    assert any(f.startswith(f"storage: refusing {precious}: holds an ext4 filesystem") for f in r.failures())
-    assert r.changed("storage") == [], f"changed before the refusal stopped the play: {r.changed('storage')}"
-    assert ssh(ok_server, f"blkid -p {blank_a}", check=False).returncode == 2, "the other host built its array"
-    assert ssh(ok_server, "dpkg -s btrfs-progs", check=False).returncode != 0
-    assert ext4_file_sha(precious, "p.bin") == _sha256(b"keep me")
 
 
 @pytest.mark.lab
@@ -479,6 +466,7 @@ def proposal(lab_requirements, tmp_path_factory) -> SimpleNamespace:
 
         story.proposed = play(server, tmp, plan_vars)
         story.a_after_proposed = ssh(server, f"blkid -p {a}", check=False).returncode
+        story.originals_after_proposed = ssh(server, "ls /var/lib/provisioner/originals/storage.json", check=False).returncode
         story.unstable = play(server, tmp, {**plan_vars, "storage_use_plan_proposal": True})
 
         story.confirmed = play(server, tmp, confirmed)
@@ -498,7 +486,9 @@ def test_the_plan_proposal_is_built_only_when_confirmed(proposal):
     story = proposal
     assert story.proposed.rc == 0, story.proposed.failures()
     assert any("storage: nothing to do" in m for m in story.proposed.messages()), "built without the user's confirmation"
+    assert story.proposed.changed("storage") == []
     assert story.a_after_proposed == 2
+    assert story.originals_after_proposed != 0, "a run with nothing to do recorded originals"
 
     # Loop devices have no by-id link: the plan proposes their kernel names, refused unless allowed.
     assert story.unstable.rc != 0
