@@ -30,6 +30,9 @@ from pathlib import Path
 from provisioner import bundle
 from provisioner.lab import cpu
 
+# Not a lab server's name (those take no "_"): the benchmark never joins or removes a server's group.
+GROUP = "bench_cpu_weight"
+
 FIT = """
 import time, numpy as np, lightgbm as lgb
 rng = np.random.default_rng(0)
@@ -68,10 +71,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         py = args.python or python_with_lightgbm(Path(tmp) / "venv")
         plain = [py, "-c", FIT]
-        procs = cpu.create("bench", args.weight)
         figures: dict[str, list[float]] = {"idle": [fit(plain) for _ in range(args.runs)]}
-        loops = [subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True) for _ in range(args.busy)]
+        loops: list[subprocess.Popen[bytes]] = []
         try:
+            procs = cpu.create(GROUP, args.weight)
+            loops += [subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True) for _ in range(args.busy)]
             time.sleep(1)
             busy = f"beside {args.busy} busy loops"
             figures[busy] = [fit(plain) for _ in range(args.runs)]
@@ -81,8 +85,7 @@ def main() -> None:
             for loop in loops:
                 loop.kill()
                 loop.wait()
-            time.sleep(0.5)
-            cpu.remove("bench")
+            cpu.remove(GROUP)
     idle = statistics.median(figures["idle"])
     print(f"LightGBM fit, 30 trees on 250,000 x 28, every CPU ({os.cpu_count()}); medians of {args.runs}")
     for what, times in figures.items():

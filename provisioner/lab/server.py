@@ -92,14 +92,16 @@ def _teardown(name: str, graceful: bool = True) -> bool:
         _discard(root)
         return True
     processes.stop(int(state.get("pid") or 0), int(state.get("leader_pid") or 0), name, graceful)
-    cpu.remove(name)
-    network.delete_link(state.get("host_veth", ""))
-    merged = root / "merged"
-    processes.remove_nspawn_leftovers(name, merged)
-    umount(merged)
-    if is_mounted(merged):
-        raise LabError(f"{merged} is still mounted: unmount it by hand, then run lab down {name} again")
-    _discard(root)
+    try:
+        cpu.remove(name)  # what is left in its cpu cgroup killed, then the group (a failure said after the rest)
+    finally:
+        network.delete_link(state.get("host_veth", ""))
+        merged = root / "merged"
+        processes.remove_nspawn_leftovers(name, merged)
+        umount(merged)
+        if is_mounted(merged):
+            raise LabError(f"{merged} is still mounted: unmount it by hand, then run lab down {name} again")
+        _discard(root)
     return True
 
 
@@ -155,7 +157,7 @@ def up(name: str, *, devices: Sequence[str] = (), fresh: bool = False, cpu_weigh
     FRESH: from the fresh-install rootfs (no python3-apt, no /etc/hosts) with an empty
     known_hosts in its inventory, as a new server meets a control node that never saw it.
     CPU_WEIGHT: its processes run in a cpu cgroup of their own with this weight (provisioner.lab.cpu;
-    100 weighs as any session of this machine); a running NAME is returned as it runs.
+    100 weighs as any session of this machine). A running NAME of another flavour or weight is refused.
     A stale NAME (its nspawn process died, or an earlier up failed half way) is torn
     down and created again. Any failure tears down what this call made.
     """
@@ -173,6 +175,10 @@ def up(name: str, *, devices: Sequence[str] = (), fresh: bool = False, cpu_weigh
                 raise LabError(
                     f"lab server {name} runs as a {was} server, not a {asked} one: take it down first (lab down {name})"
                 )
+            if existing.kind == "container" and existing.cpu_weight != cpu_weight:
+                was = f"CPU weight {existing.cpu_weight}" if existing.cpu_weight is not None else "no CPU weight"
+                asked = f"CPU weight {cpu_weight}" if cpu_weight is not None else "none"
+                raise LabError(f"lab server {name} runs with {was}, not {asked}: take it down first (lab down {name})")
             return existing
         _teardown(name, graceful=False)
         _failed_console(name).unlink(missing_ok=True)

@@ -67,13 +67,16 @@ def snapshot(server) -> dict[str, set[str]]:
 def outside_the_cpu_group(server) -> list[str]:
     """The server's processes (its PID namespace, seen from this machine) not in its cpu cgroup."""
     namespace = os.readlink(f"/proc/{server.leader_pid}/ns/pid")
+    group = "/" + cpu.group_name(server.name)
     outside = []
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and os.readlink(proc / "ns/pid") == namespace:
-                cgroups = (proc / "cgroup").read_text()
-                if f"/{cpu.group_name(server.name)}\n" not in cgroups:
-                    outside.append(f"{proc.name}: {(proc / 'comm').read_text().strip()}")
+                # cgroup v1: the cpu hierarchy's line; v2: the one line (nspawn makes groups below).
+                lines = dict(line.split(":", 2)[1:] for line in (proc / "cgroup").read_text().splitlines())
+                where = lines.get("cpu", lines.get("cpu,cpuacct", lines.get("", "")))
+                if not (where == group or where.startswith(group + "/")):
+                    outside.append(f"{proc.name}: {(proc / 'comm').read_text().strip()} in {where}")
         except OSError:  # gone meanwhile
             continue
     return outside

@@ -80,12 +80,70 @@ def test_an_unwritable_tree_is_named(tmp_path: Path) -> None:
         cpu.create("pv-a", 1000, root)
 
 
+def test_removing_a_group_removes_the_groups_below_it_first(tmp_path: Path) -> None:
+    """Under v2 nspawn makes payload/ and supervisor/ below the group it is started in."""
+    root = v2_tree(tmp_path)
+    top = root / "provisioner-lab-pv-a"
+    for below in ("payload/system.slice/ssh.service", "payload/init.scope", "supervisor"):
+        (top / below).mkdir(parents=True)
+    cpu.remove("pv-a", root)
+    assert not top.exists()
+    cpu.remove("pv-a", root)  # nothing left: nothing to do
+
+
+def test_a_group_left_by_an_earlier_server_is_replaced(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path)
+    (root / "cpu" / "provisioner-lab-pv-a" / "payload").mkdir(parents=True)
+    procs = cpu.create("pv-a", 200, root)
+    assert (procs.parent / "cpu.shares").read_text() == "2048"
+    assert not (procs.parent / "payload").exists()
+
+
+def test_a_group_that_stays_is_named(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path)
+    top = root / "cpu" / "provisioner-lab-pv-a"
+    top.mkdir()
+    (top / "a file a plain directory keeps").write_text("")
+    with pytest.raises(LabError, match=f"cannot remove the cpu cgroup {top} .*: remove it by hand"):
+        cpu.remove("pv-a", root)
+
+
+def test_a_process_left_in_the_group_is_killed_before_the_group_goes(tmp_path: Path, monkeypatch) -> None:
+    root = v1_tree(tmp_path)
+    top = root / "cpu" / "provisioner-lab-pv-a"
+    top.mkdir()
+    left = subprocess.Popen(["sleep", "600"])
+    (top / "cgroup.procs").write_text(f"{left.pid}\n")
+    real_pids = cpu._pids
+
+    def pids(groups: list[Path]) -> list[int]:
+        # A real cgroup.procs empties as its processes exit and goes with the group's rmdir: the fake one too.
+        if left.poll() is not None:
+            (top / "cgroup.procs").unlink(missing_ok=True)
+        return real_pids(groups)
+
+    monkeypatch.setattr(cpu, "_pids", pids)
+    try:
+        cpu.remove("pv-a", root)
+        assert left.wait(timeout=10) == -9 and not top.exists()
+    finally:
+        if left.poll() is None:
+            left.kill()
+
+
 def test_the_joined_command_writes_its_own_pid_then_execs_the_command(tmp_path: Path) -> None:
     procs = tmp_path / "cgroup.procs"
     proc = subprocess.Popen(cpu.joined(["sh", "-c", 'echo "$$ $0"', "started"], procs), stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=30)
     # The command runs as the same process (exec): the PID written is the PID it reports, and Popen's.
     assert out.split() == [procs.read_text().strip(), "started"] == [str(proc.pid), "started"]
+
+
+def test_a_shell_that_cannot_join_says_so_and_runs_nothing(tmp_path: Path) -> None:
+    procs = tmp_path / "no such dir" / "cgroup.procs"
+    r = subprocess.run(cpu.joined(["echo", "ran"], procs), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 97 and r.stdout == ""
+    assert f"provisioner lab: cannot join the cpu cgroup {procs}" in r.stderr
 
 
 def test_nspawn_starts_inside_the_group_when_there_is_one(tmp_path: Path, monkeypatch) -> None:

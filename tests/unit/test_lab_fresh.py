@@ -63,13 +63,28 @@ def test_the_state_remembers_a_fresh_server() -> None:
     assert not state.LabServer.from_dict({"name": "pv-unit"}).fresh, "servers recorded before stay lab servers"
 
 
-def test_up_refuses_to_turn_a_running_server_into_the_other_flavour(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    running = state.LabServer.from_dict({"name": "fr-unit", "fresh": False, "alive": True})
+def running(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **fields: object) -> state.LabServer:
+    """A server fr-unit that up() finds running, with FIELDS in its state."""
+    found = state.LabServer.from_dict({"name": "fr-unit", "alive": True, **fields})
     monkeypatch.setenv("PROVISIONER_LAB_DIR", str(tmp_path))
     monkeypatch.setattr(server, "check_environment", lambda: None)
     monkeypatch.setattr(server, "ensure_rootfs", lambda fresh=False: tmp_path)
     monkeypatch.setattr(server, "read_state", lambda name: {})
-    monkeypatch.setattr(server, "server_from_state", lambda data: running)
+    monkeypatch.setattr(server, "server_from_state", lambda data: found)
+    return found
+
+
+def test_up_refuses_to_turn_a_running_server_into_the_other_flavour(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    running_server = running(monkeypatch, tmp_path, fresh=False)
     with pytest.raises(LabError, match=r"runs as a lab server, not a fresh one: take it down first \(lab down fr-unit\)"):
         server.up("fr-unit", fresh=True)
-    assert server.up("fr-unit") is running
+    assert server.up("fr-unit") is running_server
+
+
+def test_up_refuses_a_running_server_of_another_cpu_weight(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    running_server = running(monkeypatch, tmp_path, cpu_weight=1000)
+    with pytest.raises(LabError, match=r"runs with CPU weight 1000, not none: take it down first \(lab down fr-unit\)"):
+        server.up("fr-unit")
+    with pytest.raises(LabError, match=r"runs with CPU weight 1000, not CPU weight 200"):
+        server.up("fr-unit", cpu_weight=200)
+    assert server.up("fr-unit", cpu_weight=1000) is running_server
