@@ -587,8 +587,10 @@ def _lab_up(
     fresh: bool = False,
     cpu_weight: int | None = None,
 ) -> Result[Any]:
-    if cpu_weight is not None and not 1 <= cpu_weight <= 10_000:
-        raise BadInput(f"--cpu-weight {cpu_weight}: give a weight from 1 to 10000 (100: as any other session)")
+    from .lab import cpu
+
+    if cpu_weight is not None and (problem := cpu.weight_problem(cpu_weight)):
+        raise BadInput(f"--cpu-weight {cpu_weight}: {problem}")
     if not vm:
         if drives or drive_size != "4G" or boot_timeout != 600.0:
             raise BadInput("--drives, --drive-size and --boot-timeout are for lab VMs: add --vm")

@@ -46,10 +46,17 @@ def group_dir(name: str, root: Path = CGROUP_ROOT) -> Path:
     return root / group_name(name) if _v2(root) else root / "cpu" / group_name(name)
 
 
+def weight_problem(weight: int) -> str | None:
+    """What is wrong with WEIGHT as a group's weight (the fix named), or None."""
+    if MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        return None
+    return f"give a weight from {MIN_WEIGHT} to {MAX_WEIGHT} ({DEFAULT_WEIGHT}: as any other session)"
+
+
 def create(name: str, weight: int, root: Path = CGROUP_ROOT) -> Path:
     """Server NAME's cpu cgroup with WEIGHT; the cgroup.procs file a process joins it by."""
-    if not MIN_WEIGHT <= weight <= MAX_WEIGHT:
-        raise LabError(f"CPU weight {weight}: give a weight from {MIN_WEIGHT} to {MAX_WEIGHT} (100: as any other session)")
+    if problem := weight_problem(weight):
+        raise LabError(f"CPU weight {weight}: {problem}")
     if _v2(root):
         if "cpu" not in (root / "cgroup.controllers").read_text().split():
             raise LabError(f"a CPU weight needs cgroup v2's cpu controller, which {root}/cgroup.controllers does not offer")

@@ -162,8 +162,8 @@ def up(name: str, *, devices: Sequence[str] = (), fresh: bool = False, cpu_weigh
     down and created again. Any failure tears down what this call made.
     """
     validate_name(name)
-    if cpu_weight is not None and not cpu.MIN_WEIGHT <= cpu_weight <= cpu.MAX_WEIGHT:
-        raise LabError(f"CPU weight {cpu_weight}: give a weight from {cpu.MIN_WEIGHT} to {cpu.MAX_WEIGHT}")
+    if cpu_weight is not None and (problem := cpu.weight_problem(cpu_weight)):
+        raise LabError(f"CPU weight {cpu_weight}: {problem}")
     check_environment()
     checked = check_devices(devices)
     rootfs = ensure_rootfs(fresh)
