@@ -23,6 +23,7 @@ def source() -> ModuleType:
 
 
 THP_CHOICES: tuple[str, ...] = _source.THP_CHOICES
+THP_DEFRAG_CHOICES: tuple[str, ...] = _source.THP_DEFRAG_CHOICES
 HUGEPAGES_SIZES: tuple[str, ...] = _source.HUGEPAGES_SIZES
 HUGEPAGE_KIB: dict[str, int] = _source.HUGEPAGE_KIB
 MAX_HUGEPAGES_SHARE: float = _source.MAX_HUGEPAGES_SHARE

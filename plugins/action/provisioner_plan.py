@@ -32,6 +32,10 @@ options:
     description: Transparent huge pages mode.
     type: str
     choices: [madvise, always, never]
+  plan_thp_defrag:
+    description: Transparent huge pages defrag policy.
+    type: str
+    choices: [madvise, always, defer, defer+madvise, never]
   plan_hugepages_size:
     description: Explicit hugepage size, or null for none.
     type: str

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 # Transparent huge pages modes the plan and cpu_tuning set (kernel transhuge docs).
 THP_CHOICES = ("madvise", "always", "never")
+# Their defrag policies: which faults stall for compaction to get a huge page (the same docs).
+THP_DEFRAG_CHOICES = ("madvise", "always", "defer", "defer+madvise", "never")
 
 # Explicit hugepage sizes and their size in KiB; the largest share of RAM a reservation may take.
 HUGEPAGES_SIZES = ("2M", "1G")

@@ -36,6 +36,7 @@ from provisioner.constants import (
     STORAGE_LEVELS,
     SYSTEM_DIRECTORIES,
     THP_CHOICES,
+    THP_DEFRAG_CHOICES,
     TUNED_PROFILES,
 )
 from provisioner.plan.base import FACTS_SCHEMA, GIB, Plan, PlanError, Setting, check_facts
@@ -87,6 +88,7 @@ __all__ = [
     "STORAGE_LEVELS",
     "SYSTEM_DIRECTORIES",
     "THP_CHOICES",
+    "THP_DEFRAG_CHOICES",
     "TUNED_PROFILES",
     "TUNED_REASONS",
     "Plan",

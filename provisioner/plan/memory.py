@@ -86,12 +86,21 @@ def plan_thp(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]
         enabled_reason += "; the kernel shows no THP controls, so this is not applicable there"
     return [
         Setting("thp_enabled", options.thp, enabled_reason),
-        Setting(
-            "thp_defrag",
-            "madvise",
-            "madvise: only regions that asked for huge pages stall for compaction (kernel transhuge docs)",
-        ),
+        Setting("thp_defrag", options.thp_defrag, DEFRAG_REASONS[options.thp_defrag]),
     ]
+
+
+# What a page fault does when no huge page is free, per defrag policy (kernel transhuge docs).
+DEFRAG_REASONS = {
+    "madvise": "madvise: only regions that asked for huge pages stall for compaction (kernel transhuge docs)",
+    "always": "always: plan_thp_defrag=always; every fault that wants a huge page stalls for compaction, "
+    "which can cost latency (kernel transhuge docs)",
+    "defer": "defer: plan_thp_defrag=defer; no fault stalls, kswapd and kcompactd make huge pages in the "
+    "background for khugepaged (kernel transhuge docs)",
+    "defer+madvise": "defer+madvise: plan_thp_defrag=defer+madvise; regions that asked stall, the others "
+    "defer to the background (kernel transhuge docs)",
+    "never": "never: plan_thp_defrag=never; no fault stalls, a huge page only where one is free (kernel transhuge docs)",
+}
 
 
 def plan_hugepages(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:

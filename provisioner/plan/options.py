@@ -17,6 +17,7 @@ from provisioner.constants import (
     STORAGE_LEVELS,
     SYSTEM_DIRECTORIES,
     THP_CHOICES,
+    THP_DEFRAG_CHOICES,
     TUNED_PROFILES,
 )
 from provisioner.plan.base import PlanError
@@ -40,6 +41,7 @@ class PlanOptions:
     trials: int | None = None
     allow_oversubscription: bool = False
     thp: str = "madvise"
+    thp_defrag: str = "madvise"
     hugepages_size: str | None = None
     hugepages_count: int = 0
     hugepages_share: float = 0.0
@@ -77,6 +79,8 @@ class PlanOptions:
             raise PlanError(f"plan_feature_matrix_rows must be 1 or more (got {self.feature_matrix_rows})")
         if self.thp not in THP_CHOICES:
             raise PlanError(f"plan_thp must be one of {', '.join(THP_CHOICES)} (got {self.thp!r})")
+        if self.thp_defrag not in THP_DEFRAG_CHOICES:
+            raise PlanError(f"plan_thp_defrag must be one of {', '.join(THP_DEFRAG_CHOICES)} (got {self.thp_defrag!r})")
         if self.hugepages_size is not None and self.hugepages_size not in HUGEPAGES_SIZES:
             raise PlanError(f"plan_hugepages_size must be null, 2M or 1G (got {self.hugepages_size!r})")
         if self.hugepages_count < 0:
@@ -224,6 +228,7 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "trials": _as_int,
     "allow_oversubscription": _as_bool,
     "thp": lambda k, v: _as_str(k, v).lower(),
+    "thp_defrag": lambda k, v: _as_str(k, v).lower(),
     "hugepages_size": _as_hugepages_size,
     "hugepages_count": _as_int,
     "hugepages_share": _as_float,

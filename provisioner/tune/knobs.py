@@ -77,12 +77,14 @@ def _none(_value: Any, _cores: int) -> Env:
 
 
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+THP_DEFRAG = "/sys/kernel/mm/transparent_hugepage/defrag"
 
 # Polars' pool, and joblib/loky's workers of n_jobs=-1 (both default to the logical CPUs); the
 # DataLoader's worker processes (the library's default 0: batches load in the training process);
 # parallel trials of a study (Optuna's default n_jobs=1: one trial at a time, with every core);
-# transparent huge pages' mode, the kernel's (every mode a candidate, the stock one among them: a
-# distribution's kernel boots with always or madvise), set live for each measurement and put back.
+# transparent huge pages' mode and defrag policy, the kernel's (every value a candidate, the stock
+# one among them: a distribution's kernel boots with always or madvise), set live for each
+# measurement and put back. The choices are the kernel's own words, in its order.
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
@@ -91,6 +93,14 @@ KNOBS: dict[str, Knob] = {
         Knob("dataloader_workers", 0, _dataloader, default=0),
         Knob("trials", 1, _trials, default=1),
         Knob("thp_enabled", 0, _none, choices=("always", "madvise", "never"), sysfs=THP_ENABLED, override="plan_thp"),
+        Knob(
+            "thp_defrag",
+            0,
+            _none,
+            choices=("always", "defer", "defer+madvise", "madvise", "never"),
+            sysfs=THP_DEFRAG,
+            override="plan_thp_defrag",
+        ),
     )
 }
 

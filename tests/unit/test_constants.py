@@ -48,6 +48,7 @@ def test_the_control_node_reads_the_same_file():
 CHOICES = {
     "plan": {
         "plan_thp": SOURCE.THP_CHOICES,
+        "plan_thp_defrag": SOURCE.THP_DEFRAG_CHOICES,
         "plan_hugepages_size": (None, *SOURCE.HUGEPAGES_SIZES),
         "plan_tuned_profile": SOURCE.TUNED_PROFILES,
         "plan_storage_level": SOURCE.STORAGE_LEVELS,
@@ -57,6 +58,7 @@ CHOICES = {
     "cpu_tuning": {
         "cpu_tuning_tuned_profile": SOURCE.TUNED_PROFILES,
         "cpu_tuning_thp_enabled": SOURCE.THP_CHOICES,
+        "cpu_tuning_thp_defrag": SOURCE.THP_DEFRAG_CHOICES,
         "cpu_tuning_apply_live": SOURCE.APPLY_LIVE_MODES,
     },
     "hugepages": {"hugepages_size": SOURCE.HUGEPAGES_SIZES, "hugepages_apply_live": SOURCE.APPLY_LIVE_MODES},
@@ -80,6 +82,7 @@ def test_module_and_action_documentation_agree_with_the_constants():
     assert storage["chunk_kb"]["default"] == SOURCE.MD_CHUNK_KB
     action = documentation("action", "provisioner_plan")
     assert tuple(action["plan_thp"]["choices"]) == SOURCE.THP_CHOICES
+    assert tuple(action["plan_thp_defrag"]["choices"]) == SOURCE.THP_DEFRAG_CHOICES
     assert tuple(action["plan_hugepages_size"]["choices"]) == SOURCE.HUGEPAGES_SIZES
     assert tuple(action["plan_tuned_profile"]["choices"]) == SOURCE.TUNED_PROFILES
     assert tuple(action["plan_storage_level"]["choices"]) == SOURCE.STORAGE_LEVELS

@@ -231,6 +231,14 @@ def test_thp_other_modes(epyc, mode):
     assert plan.reason("thp_enabled").startswith(f"{mode}: plan_thp={mode}")
 
 
+@pytest.mark.parametrize("policy", ["always", "defer", "defer+madvise", "never"])
+def test_thp_defrag_other_policies(epyc, policy):
+    plan = derive_plan(epyc, PlanOptions.from_vars({"plan_thp_defrag": policy.upper()}))
+    assert plan.value("thp_defrag") == policy
+    assert plan.reason("thp_defrag").startswith(f"{policy}: plan_thp_defrag={policy}")
+    assert plan.value("thp_enabled") == "madvise"  # the mode is its own option
+
+
 def test_unknown_thp_value_is_refused():
     with pytest.raises(PlanError, match="plan_thp must be one of madvise, always, never"):
         PlanOptions(thp="sometimes")
@@ -640,6 +648,7 @@ def test_from_vars_refuses_unknown_plan_keys_naming_the_known_ones():
         ({"plan_hugepages_size": "4M"}, "plan_hugepages_size must be null, 2M or 1G"),
         ({"plan_hugepages_share": "lots"}, "plan_hugepages_share must be a number"),
         ({"plan_thp": "sometimes"}, "plan_thp must be one of"),
+        ({"plan_thp_defrag": "often"}, "plan_thp_defrag must be one of madvise, always, defer, defer\\+madvise, never"),
         ({"plan_tuned_profile": "balanced"}, "plan_tuned_profile must be one of"),
         ({"plan_storage_devices": [1, 2]}, "list of device paths"),
     ],
@@ -710,6 +719,7 @@ def test_argument_specs_document_every_option_like_plan_options():
         assert "default" in spec and spec["default"] == defaults[name], name
     choices = {
         "plan_thp": plan_module.THP_CHOICES,
+        "plan_thp_defrag": plan_module.THP_DEFRAG_CHOICES,
         "plan_hugepages_size": (None, *plan_module.HUGEPAGES_SIZES),
         "plan_tuned_profile": plan_module.TUNED_PROFILES,
         "plan_storage_level": plan_module.STORAGE_LEVELS,

@@ -98,6 +98,23 @@ def test_thps_mode_is_a_kernel_knob_every_mode_a_candidate() -> None:
     assert [(c.env, c.live) for c in got] == [({}, ((knobs.THP_ENABLED, "always"),)), ({}, ((knobs.THP_ENABLED, "never"),))]
 
 
+def test_thps_defrag_policy_is_a_kernel_knob_every_policy_a_candidate() -> None:
+    defrag = knobs.KNOBS["thp_defrag"]
+    assert defrag.option == "plan_thp_defrag"  # the plan's option, which role cpu_tuning applies
+    from provisioner.constants import THP_DEFRAG_CHOICES
+
+    assert sorted(defrag.choices) == sorted(THP_DEFRAG_CHOICES)
+    got = knobs.candidates("thp_defrag", rule="madvise", cores=2)
+    assert [c.value for c in got] == ["always", "defer", "defer+madvise", "never"]
+    assert [c.live for c in got] == [((knobs.THP_DEFRAG, v),) for v in ("always", "defer", "defer+madvise", "never")]
+    assert all(c.env == {} for c in got)
+    # The triad, which THP moves, declares it after THP's mode: a kept mode is what its search runs under.
+    from provisioner.smoke.workloads import triad
+
+    assert triad.KNOBS.index("thp_enabled") < triad.KNOBS.index("thp_defrag")
+    assert knobs.searchable(triad.KNOBS)[-2:] == ["thp_enabled", "thp_defrag"]
+
+
 # ---------------------------------------------------------------- classes
 
 

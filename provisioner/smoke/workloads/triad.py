@@ -16,9 +16,10 @@ from ..target.ml import median
 
 NAME = "triad"
 # The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
-KNOBS: tuple[str, ...] = ("threads_per_job", "omp_proc_bind", "thp_enabled")
+KNOBS: tuple[str, ...] = ("threads_per_job", "omp_proc_bind", "thp_enabled", "thp_defrag")
 # What `provisioner tune` optimises: the triad's bandwidth over arrays of hundreds of MB, which THP's
-# mode moves (huge pages or not under the TLB; torch asks for none with madvise, numpy does).
+# mode and defrag policy move (huge pages or not under the TLB, and whether a fault waits for one;
+# torch asks for none with madvise, numpy does).
 TUNE = Objective("GB/s", True, lambda r: float(r["gbps"]))
 
 
