@@ -7,8 +7,8 @@ set it), and role common's common_ca_certificates naming the proxy's CA.
 - Without the CA, the mlstack role's online pip install fails naming the certificate and the
   option that fixes it (not "no wheel", which is how pip's own last line reads).
 - With it, the same install succeeds through the proxy; the system store trusts the CA too
-  (what apt and Python's ssl read); a second run changes nothing; undo removes the CA and pip's
-  configuration, and the proxy is refused again.
+  (what apt and Python's ssl read); a second run of role common changes nothing; undo removes the
+  CA and pip's configuration, and the proxy is refused again.
 
 The install is one small pure-Python package (a one-pin lock: the role's whole online pip path,
 with seconds of download instead of the stack's 1.2 GB). The proxy is the small one below, not
@@ -209,6 +209,9 @@ PLAYBOOK = [
         "roles": [{"role": "common"}, {"role": "mlstack"}],
     }
 ]
+# Of role common's base packages, what these runs need: the ML environment's venv and the trust
+# store the CA goes into (installing the whole list is test_up's, on a fresh server).
+BASE_PACKAGES = ["python3-venv", "ca-certificates"]
 COMMON = [{"name": "Base system", "hosts": "all", "gather_facts": True, "gather_subset": ["min"], "roles": [{"role": "common"}]}]
 UNDO = [
     {
@@ -288,7 +291,9 @@ def test_a_ca_file_that_is_no_certificate_is_refused_before_any_change(server, p
 
 
 def test_without_the_ca_pip_names_the_certificate_and_the_option(server, proxy, lock, tmp_path):
-    r = run_playbook(server, tmp_path, PLAYBOOK, mlstack_components=["core"], mlstack_lock_file=str(lock))
+    r = run_playbook(
+        server, tmp_path, PLAYBOOK, mlstack_components=["core"], mlstack_lock_file=str(lock), common_packages=BASE_PACKAGES
+    )
     text = one_line(r)
     assert r.returncode != 0, text[-2000:]
     assert "pip could not verify the TLS certificate of pypi.org (self-signed certificate in certificate chain)" in text, text[
@@ -305,6 +310,7 @@ def test_with_the_proxys_ca_the_install_succeeds_and_undo_removes_it(server, pro
         "mlstack_lock_file": str(lock),
         "common_ca_certificates": [str(proxy.ca_file)],
         "mlstack_prove": False,
+        "common_packages": BASE_PACKAGES,
     }
     check = run_playbook(server, tmp_path, COMMON, "--check", **options)
     assert check.returncode == 0 and changed(check) > 0, one_line(check)[-3000:]
@@ -315,7 +321,9 @@ def test_with_the_proxys_ca_the_install_succeeds_and_undo_removes_it(server, pro
     assert "files.pythonhosted.org:443" in proxy.connects[before:], "the wheel did not come through the proxy"
     assert ssh(server, "su - ml -c '/opt/mlstack/bin/python -c \"import threadpoolctl\"'").returncode == 0
     assert system_fetch(server).returncode == 0, system_fetch(server).stderr[-1000:]
-    again = run_playbook(server, tmp_path, PLAYBOOK, **options)
+    # The CA and pip's configuration are role common's: its second run changes nothing (mlstack's
+    # second run is test_up's and molecule's).
+    again = run_playbook(server, tmp_path, COMMON, **options)
     assert again.returncode == 0 and changed(again) == 0, one_line(again)[-3000:]
 
     undo = run_playbook(server, tmp_path, UNDO)
