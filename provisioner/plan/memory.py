@@ -81,12 +81,10 @@ def plan_thp(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]
             "(set plan_thp: always to follow the profile)"
         )
     current = _get(facts, "thp.enabled")
-    enabled_reason = reasons[options.thp]
-    if current is None:
-        enabled_reason += "; the kernel shows no THP controls, so this is not applicable there"
+    absent = "; the kernel shows no THP controls, so this is not applicable there" if current is None else ""
     return [
-        Setting("thp_enabled", options.thp, enabled_reason),
-        Setting("thp_defrag", options.thp_defrag, DEFRAG_REASONS[options.thp_defrag]),
+        Setting("thp_enabled", options.thp, reasons[options.thp] + absent),
+        Setting("thp_defrag", options.thp_defrag, DEFRAG_REASONS[options.thp_defrag] + absent),
     ]
 
 

@@ -319,10 +319,15 @@ def _run(
                 continue
             record = search.knob(name, objective, knob, rule, base, base_live)
             entry["knobs"][knob] = record
+            spec_of = knob_table.KNOBS[knob]
+            value = record["tuned"]["value"] if record.get("tuned") else rule
             if record.get("tuned"):
-                value = record["tuned"]["value"]
-                base = {**base, **knob_table.KNOBS[knob].env(value, search.cores)}
-                base_live = with_live(base_live, knob_table.KNOBS[knob].live(value))
+                base = {**base, **spec_of.env(value, search.cores)}
+            if spec_of.sysfs and "skipped" not in record:
+                # The knobs after a kernel knob run under its kept value, else the plan's: not under
+                # the value from before the run (a kernel the plan was not applied to live), and a
+                # study of theirs resumes only under the same value (it is in their key).
+                base_live = with_live(base_live, spec_of.live(value))
     out["seconds"] = round(clock() - search.started, 2)
     if search.stopped:
         out["stopped"] = search.stopped

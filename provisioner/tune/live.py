@@ -1,4 +1,4 @@
-"""Kernel settings tune changes while it measures (THP's mode), and puts back when it ends.
+"""Kernel settings tune changes while it measures (THP's mode and defrag policy), and puts back when it ends.
 
 A knob carried by the environment changes nothing on the host: the candidate's variables reach one
 process. A knob of the kernel's (knobs.Knob.sysfs) is the machine's: tune writes the candidate's

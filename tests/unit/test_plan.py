@@ -224,6 +224,14 @@ def test_thp_default_is_madvise_with_reason(facts):
     assert "numpy" in plan.reason("thp_enabled") and ">= 4 MB" in plan.reason("thp_enabled")
 
 
+def test_a_kernel_without_thp_controls_keeps_both_values_and_says_so(facts):
+    bare = {**facts, "thp": {}}
+    plan = derive_plan(bare, PlanOptions(thp_defrag="defer"))
+    assert (plan.value("thp_enabled"), plan.value("thp_defrag")) == ("madvise", "defer")
+    for key in ("thp_enabled", "thp_defrag"):
+        assert plan.reason(key).endswith("the kernel shows no THP controls, so this is not applicable there"), key
+
+
 @pytest.mark.parametrize("mode", ["always", "never"])
 def test_thp_other_modes(epyc, mode):
     plan = derive_plan(epyc, PlanOptions(thp=mode))

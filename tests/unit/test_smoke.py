@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import sysfs_cases
 
 from provisioner import report, smoke
 from provisioner.smoke.workloads import serving
@@ -249,6 +250,16 @@ def test_configuration_as_the_workloads_see_it(tuned):
     assert checks["config.threads.systemd_service"].status == smoke.SKIP
     assert checks["config.thp.enabled"].status == smoke.FAIL
     assert checks["config.data_mount"].status == smoke.PASS
+    # A defrag policy of two words, as the plan (plan_thp_defrag) and the probe both name it.
+    tuned["plan"]["thp_defrag"] = tuned["config"]["thp"]["defrag"] = "defer+madvise"
+    assert by_id(smoke.evaluate(tuned))["config.thp.defrag"].status == smoke.PASS
+
+
+@pytest.mark.parametrize(("text", "word"), sysfs_cases.BRACKETED)
+def test_the_probe_reads_thps_chosen_word(text, word):
+    from provisioner.smoke.target import probe
+
+    assert probe.bracketed(text) == word
 
 
 def test_torch_threads_must_match_the_plan(tuned):

@@ -751,6 +751,32 @@ def test_the_workloads_after_a_kernel_knob_run_under_the_mode_from_before(tmp_pa
     assert features and {r["THP"] for r in features} == {"madvise"}, "a later workload ran under the last candidate's mode"
 
 
+def test_the_defrag_policy_is_searched_under_the_plans_mode_when_no_mode_is_kept(tmp_path: Path) -> None:
+    root, thp = sysfs(tmp_path)  # the kernel says madvise, the plan always (not applied live)
+    defrag = root / knobs.THP_DEFRAG.lstrip("/")
+    defrag.write_text("always defer defer+madvise [madvise] never\n")
+    box = Box({}, gain=1.0, thp=thp)
+    box.plan.update(thp_enabled="always", thp_defrag="madvise")
+    seen: list[tuple[str, str]] = []
+    worker = box.worker
+
+    def both(task: str, env: Any = None, **extra: Any) -> dict[str, Any]:
+        seen.append((live.current(thp.read_text()), live.current(defrag.read_text())))
+        return worker(task, env, **extra)
+
+    box.worker = both  # type: ignore[method-assign]
+    state = tmp_path / "state"
+    spec = {"workloads": ["triad"], "knobs": [], "budget_s": 10_000}
+    out = driver.run(box, spec, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(root)))
+    knobs_out = out["workloads"]["triad"]["knobs"]
+    assert knobs_out["thp_enabled"]["tuned"] is None and knobs_out["thp_defrag"]["tuned"] is None
+    assert {"always", "defer", "defer+madvise", "never"} <= {p for _, p in seen}, seen
+    # Every defrag candidate ran under the plan's mode, none under the kernel's madvise from before.
+    assert {m for m, p in seen if p != "madvise"} == {"always"}, seen
+    # Both files say what they said before the run.
+    assert (live.current(thp.read_text()), live.current(defrag.read_text())) == ("madvise", "madvise")
+
+
 def test_a_run_killed_outright_is_put_right_by_the_next_one(tmp_path: Path) -> None:
     root, thp = sysfs(tmp_path)
     state = tmp_path / "state"

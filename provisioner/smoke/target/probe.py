@@ -25,6 +25,12 @@ def read(path: str, default: str | None = None) -> str | None:
         return default
 
 
+def bracketed(value: str | None) -> str | None:
+    """The chosen word of a sysfs choice file ('always defer [defer+madvise] madvise never'), else None."""
+    m = re.search(r"\[([^\]]+)\]", value or "")
+    return m.group(1) if m else None
+
+
 def _cpuinfo() -> list[dict[str, str]]:
     """/proc/cpuinfo, one dict of fields per logical CPU."""
     blocks = [b for b in (read("/proc/cpuinfo", "") or "").split("\n\n") if b.strip()]
@@ -141,12 +147,7 @@ def configuration(user: str | None, data_dir: str) -> dict[str, Any]:
             )
         else:
             out["systemd_service"] = {"not_applicable": "systemd is not running here (PID 1 is not systemd)"}
-    thp = {}
-    for name in ("enabled", "defrag"):
-        value = read(f"/sys/kernel/mm/transparent_hugepage/{name}")
-        m = re.search(r"\[(\w+)\]", value or "")
-        thp[name] = m.group(1) if m else None
-    out["thp"] = thp
+    out["thp"] = {name: bracketed(read(f"/sys/kernel/mm/transparent_hugepage/{name}")) for name in ("enabled", "defrag")}
     governor = read("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")
     out["governor"] = {"value": governor} if governor else {"not_applicable": "no cpufreq driver"}
     out["data_mount"] = data_mount(data_dir)
