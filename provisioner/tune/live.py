@@ -18,15 +18,15 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
+
+from ..smoke.target.probe import bracketed
 
 JOURNAL = "live.json"
 
 
 def current(text: str) -> str:
     """A sysfs choice file's value: the bracketed word of 'always [madvise] never', else the text."""
-    m = re.search(r"\[([^\]]+)\]", text)
-    return m.group(1) if m else text.strip()
+    return bracketed(text) or text.strip()
 
 
 class Live:
