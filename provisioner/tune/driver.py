@@ -130,7 +130,14 @@ class _Search:
             # The values from before the run under the side's own: a kernel knob searched earlier
             # (another workload's) is never left at its last candidate for the measurements after it.
             self.live.set(with_live(tuple(self.live.original.items()), live))
-        result = self.runner.worker(workload, tune=True, env=env)
+        from ..smoke.workloads import BY_NAME
+
+        # A workload with a root-parent step (the model server) measures a candidate there, else its worker does.
+        tune_drive = getattr(BY_NAME[workload], "tune_drive", None)
+        if tune_drive:
+            result = tune_drive(self.runner, knob_table.planned(env, self.runner.plan, self.cores))
+        else:
+            result = self.runner.worker(workload, tune=True, env=env)
         if "error" in result or "skipped" in result:
             raise RuntimeError(result.get("error") or result.get("skipped"))
         return float(objective.figure(result))
@@ -182,7 +189,7 @@ class _Search:
             if why:
                 return {"skipped": why}
         rule_side = ({**base, **spec.env(rule, self.cores)}, with_live(base_live, spec.live(rule)))
-        cands = knob_table.candidates(knob, rule, self.cores, self.logical, self.oversubscribe)
+        cands = knob_table.candidates(knob, rule, self.cores, self.logical, self.oversubscribe, base, self.runner.plan)
         # A study resumes only for the same rule, earlier values, cores and code (the archive's name is its sources' hash).
         code = getattr(self.runner, "code", "")
         labels = [c.label for c in cands]
@@ -317,9 +324,16 @@ def _run(
             if rule is None:
                 entry["knobs"][knob] = {"skipped": f"the plan has no {knob}: run provisioner up first"}
                 continue
+            spec_of = knob_table.KNOBS[knob]
+            if spec_of.rule_given is not None:
+                # The plan's value once the values kept before it are applied (serving's workers follow its threads).
+                rule = spec_of.rule_given(rule, base, runner.plan, search.cores)
+            inert = _inert(knob, base_live, runner.plan)
+            if inert:
+                entry["knobs"][knob] = {"skipped": inert}
+                continue
             record = search.knob(name, objective, knob, rule, base, base_live)
             entry["knobs"][knob] = record
-            spec_of = knob_table.KNOBS[knob]
             value = record["tuned"]["value"] if record.get("tuned") else rule
             if record.get("tuned"):
                 base = {**base, **spec_of.env(value, search.cores)}
@@ -332,6 +346,17 @@ def _run(
     if search.stopped:
         out["stopped"] = search.stopped
     return out
+
+
+def _inert(knob: str, base_live: knob_table.Live, plan: dict[str, Any]) -> str:
+    """Why KNOB moves nothing under the settings it would be measured under, else "": THP's defrag
+    policy with THP's mode never (the kept mode, else the plan's): no huge page is ever faulted in."""
+    if knob != "thp_defrag":
+        return ""
+    mode = dict(base_live).get(knob_table.THP_ENABLED) or plan.get("thp_enabled")
+    if mode != "never":
+        return ""
+    return "THP's mode is never here (kept by this run or the plan's): no huge page is faulted in, so the defrag policy moves nothing"
 
 
 def locked(state_dir: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ smoke zipapp) builds the candidates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,11 @@ class Knob:
     choices: tuple[str, ...] = ()
     sysfs: str = ""
     override: str = ""
+    # A count that shares the cores with another knob's (serving: workers x threads per worker):
+    # whether a value fits beside the values kept before it (value, kept variables, plan, cores),
+    # and the rule once those are kept (rule, kept variables, plan, cores), where it follows them.
+    fits: Callable[[int, Env, Mapping[str, Any], int], bool] | None = None
+    rule_given: Callable[[Any, Env, Mapping[str, Any], int], Any] | None = None
 
     @property
     def option(self) -> str:
@@ -76,12 +81,61 @@ def _none(_value: Any, _cores: int) -> Env:
     return {}
 
 
+# The throwaway model server tune measures (the serving workload's tune_drive): its workers and
+# threads per worker. Only tune's measurement reads these variables.
+SERVING_WORKERS = "PROVISIONER_TUNE_SERVING_WORKERS"
+SERVING_THREADS = "PROVISIONER_TUNE_SERVING_THREADS"
+
+
+def serving_shape(env: Mapping[str, str | None], plan: Mapping[str, Any], cores: int) -> tuple[int, int]:
+    """(workers, threads per worker) of a measurement with ENV: the candidate's, else the plan's. The
+    plan's workers follow its threads (cores // threads) unless plan_serving_workers fixed them (the
+    plan's "fixed": the values the inventory's options set), so a threads candidate runs with the
+    workers the plan would give it, as `up` applies it written back."""
+    threads = int(env.get(SERVING_THREADS) or plan["serving_threads_per_worker"])
+    if env.get(SERVING_WORKERS):
+        return int(str(env[SERVING_WORKERS])), threads
+    if "serving_workers" in (plan.get("fixed") or ()):
+        return int(plan["serving_workers"]), threads
+    return max(1, cores // threads), threads
+
+
+def planned(env: Mapping[str, str | None], plan: Mapping[str, Any], cores: int) -> dict[str, Any]:
+    """The plan's values as a measurement with ENV runs under them: what a workload's root-parent
+    step (the model server's, which starts processes of its own rather than one in the user's
+    shell) reads instead of the environment."""
+    workers, threads = serving_shape(env, plan, cores)
+    return {**plan, "serving_workers": workers, "serving_threads_per_worker": threads}
+
+
+def _serving_workers(value: Any, _cores: int) -> Env:
+    return {SERVING_WORKERS: str(int(value))}
+
+
+def _serving_threads(value: Any, _cores: int) -> Env:
+    return {SERVING_THREADS: str(int(value))}
+
+
+def _workers_fit(value: int, kept: Env, plan: Mapping[str, Any], cores: int) -> bool:
+    return value * serving_shape(kept, plan, cores)[1] <= cores
+
+
+def _threads_fit(value: int, kept: Env, plan: Mapping[str, Any], cores: int) -> bool:
+    return serving_shape({**kept, SERVING_THREADS: str(value)}, plan, cores)[0] * value <= cores
+
+
+def _workers_rule(_rule: Any, kept: Env, plan: Mapping[str, Any], cores: int) -> int:
+    return serving_shape(kept, plan, cores)[0]
+
+
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 THP_DEFRAG = "/sys/kernel/mm/transparent_hugepage/defrag"
 
 # Polars' pool, and joblib/loky's workers of n_jobs=-1 (both default to the logical CPUs); the
 # DataLoader's worker processes (the library's default 0: batches load in the training process);
 # parallel trials of a study (Optuna's default n_jobs=1: one trial at a time, with every core);
+# the model server's threads per worker (OpenMP's default: one per logical CPU) and then its workers
+# (uvicorn's default: one), each worker on its own cores as the plan slices them;
 # transparent huge pages' mode and defrag policy, the kernel's (every value a candidate, the stock
 # one among them: a distribution's kernel boots with always or madvise), set live for each
 # measurement and put back. The choices are the kernel's own words, in its order.
@@ -92,6 +146,8 @@ KNOBS: dict[str, Knob] = {
         Knob("joblib_workers", 1, _joblib),
         Knob("dataloader_workers", 0, _dataloader, default=0),
         Knob("trials", 1, _trials, default=1),
+        Knob("serving_threads_per_worker", 1, _serving_threads, fits=_threads_fit),
+        Knob("serving_workers", 1, _serving_workers, default=1, fits=_workers_fit, rule_given=_workers_rule),
         Knob("thp_enabled", 0, _none, choices=("always", "madvise", "never"), sysfs=THP_ENABLED, override="plan_thp"),
         Knob(
             "thp_defrag",
@@ -118,11 +174,19 @@ class Candidate:
 
 
 def candidates(
-    name: str, rule: Any, cores: int, logical: int | None = None, allow_oversubscription: bool = False
+    name: str,
+    rule: Any,
+    cores: int,
+    logical: int | None = None,
+    allow_oversubscription: bool = False,
+    kept: Env | None = None,
+    plan: Mapping[str, Any] | None = None,
 ) -> list[Candidate]:
     """The values tune measures against the rule (the plan's value), the rule itself left out: every
     count from the knob's lowest to the cores (the DataLoader's workers to one less), and the library's default where it is not one of them
-    (with more logical CPUs than cores, only with allow_oversubscription)."""
+    (with more logical CPUs than cores, only with allow_oversubscription). A knob sharing the cores
+    with another: only the counts that fit beside KEPT (the variables kept before it) and the PLAN,
+    unless oversubscription is allowed."""
     knob = KNOBS[name]
     if knob.choices:
         return [Candidate(v, knob.env(v, cores), live=knob.live(v)) for v in knob.choices if v != rule]
@@ -130,6 +194,9 @@ def candidates(
     # (plan_dataloader_workers), unless oversubscription is.
     top = cores - 1 if knob.lowest == 0 and not allow_oversubscription else cores
     values = [v for v in range(knob.lowest, top + 1) if v != rule]
+    if knob.fits is not None and plan is not None and not allow_oversubscription:
+        fits = knob.fits
+        values = [v for v in values if fits(v, kept or {}, plan, cores)]
     out = [Candidate(v, knob.env(v, cores), default=v == knob.default) for v in values]
     if knob.default is not None:
         return out  # the library's count is one of them (or the rule itself)

@@ -446,8 +446,11 @@ def test_plain_ansible_playbook_runs_the_same_roles(provisioned):
 
 # A user's own host_vars file: tune --write must keep it as it is.
 USER_VARS = "---\n# rack 4, the box next to the switch\nserving_enabled: false  # no model server here\n"
-# The search of one workload: Polars' threads (1 .. cores) against the plan's, in pairs.
-TUNE = ("--workloads", "features", "--budget", "2m")
+# The search of two workloads, each with a knob of its own in pairs against the plan's: Polars'
+# threads, a worker in the ML user's login shell with the candidate's variable on top, and the model
+# server's workers, a throwaway server the root parent starts for each measurement.
+TUNE = ("--workloads", "features,serving", "--knobs", "polars_threads,serving_workers", "--budget", "3m")
+BUDGET_S = 180
 
 
 def fleet_of_two(server, other) -> Path:
@@ -477,7 +480,8 @@ def test_tune_measures_a_class_of_two_once_and_writes_back_only_what_it_kept(pro
     path.write_text(USER_VARS)
     etc = etc_checksum(server)
     etc_base = etc_checksum(base_server)
-    planned = plan_values(server)["polars_threads"]  # before --write: the plan then carries what was kept
+    values = plan_values(server)  # before --write: the plan then carries what was kept
+    planned, serving_planned = values["polars_threads"], values
     # --force: the suite's other worker keeps these two cores busy, which tune refuses by default
     # (tests/unit/test_tune.py holds the refusal).
     rc, out = cli_json("tune", "-i", str(fleet), *TUNE, "--force", "--write")
@@ -493,32 +497,44 @@ def test_tune_measures_a_class_of_two_once_and_writes_back_only_what_it_kept(pro
     threads = int(out_of(server, "runuser -l ml -c 'echo $POLARS_MAX_THREADS'"))
     assert rule == threads == planned
     assert [c["value"] for c in record["candidates"]] == [v for v in range(1, threads + 1) if v != rule]
-    first = record["candidates"][0]
-    assert first["ratios"] and all(len(f) == 2 and f["rule"] > 0 and f["candidate"] > 0 for f in first["figures"]), first
+    # The model server's workers: every count whose workers x the plan's threads fit the cores.
+    server_record = result["workloads"]["serving"]["knobs"]["serving_workers"]
+    cores = result["cores"]
+    assert server_record["rule"] == serving_planned["serving_workers"]
+    fit = range(1, cores // serving_planned["serving_threads_per_worker"] + 1)
+    assert [c["value"] for c in server_record["candidates"]] == [v for v in fit if v != server_record["rule"]]
+    for first in (record["candidates"][0], server_record["candidates"][0]):
+        assert first["ratios"] and all(len(f) == 2 and f["rule"] > 0 and f["candidate"] > 0 for f in first["figures"]), first
     # A pair begins only while the longest so far still fits the budget: over it by less than a pair.
-    assert result["seconds"] <= 120 * 1.25, result["seconds"]
+    assert result["seconds"] <= BUDGET_S * 1.25, result["seconds"]
+    # Each throwaway server stopped with its measurement, and its files went with the run.
+    # ([p]: not the shell running the check.)
+    left = "pgrep -f '[p]rovisioner_serve'; ls -d /var/tmp/provisioner-tune-* /tmp/provisioner-smoke-serve-* 2>/dev/null; true"
+    assert out_of(server, left) == ""
     # Nothing on the host changed but the study it keeps.
     assert etc_checksum(server) == etc
     assert out_of(server, "ls /var/lib/provisioner/tune").split() == ["lock", "studies.db"]
     assert path.read_text() == USER_VARS  # the class's values go into its group, not a member's host_vars
-    kept = record["tuned"]
+    kept = {k: r["tuned"] for k, r in (("polars_threads", record), ("serving_workers", server_record)) if r["tuned"]}
     group_vars = sorted((fleet.parent / "group_vars").glob("hw_*.yml")) if (fleet.parent / "group_vars").exists() else []
-    if kept is None:
+    if not kept:
         assert group_vars == [] and not out["written"] and fleet.read_text() == listed
         return
     assert [str(p) for p in group_vars] == out["written"][:1] and out["written"][1:] == [str(fleet)]
     data = yaml.safe_load(group_vars[0].read_text())
-    assert data["plan_polars_threads"] == kept["value"]
-    assert data["plan_tuned"]["polars_threads"].endswith(f", measured on {host})")
+    for knob, tuned in kept.items():
+        assert data[f"plan_{knob}"] == tuned["value"]
+        assert data["plan_tuned"][knob].endswith(f", measured on {host})")
     group = group_vars[0].stem
     edited = yaml.safe_load(fleet.read_text())
     assert list(edited[group]["hosts"]) == [host, base_server.name] and fleet.read_text().startswith(listed)
-    # The plan reads the class's value for both members, with its evidence.
+    # The plan reads the class's values for both members, with their evidence.
     rc, plans = cli_json("plan", "-i", str(fleet))
     assert rc == ExitCode.OK, plans
     for name in (host, base_server.name):
-        got = {s["key"]: s for s in plans[name]["settings"]}["polars_threads"]
-        assert got["value"] == kept["value"] and got["reason"].startswith("tuned: "), got
+        settings = {s["key"]: s for s in plans[name]["settings"]}
+        for knob, tuned in kept.items():
+            assert settings[knob]["value"] == tuned["value"] and settings[knob]["reason"].startswith("tuned: "), settings[knob]
 
 
 def test_a_tuned_value_in_host_vars_is_planned_with_its_evidence_and_up_applies_only_it(provisioned):

@@ -86,6 +86,33 @@ def test_candidates_within_the_cores() -> None:
             assert {s.key: s.value for s in plan.settings}[name] == c.value, (name, c.value)
 
 
+def test_the_servers_threads_and_workers_share_the_cores() -> None:
+    plan = {"serving_threads_per_worker": 2, "serving_workers": 4}  # 8 cores: the rule's 8 // 2 workers
+    threads = knobs.candidates("serving_threads_per_worker", rule=2, cores=8, kept={}, plan=plan)
+    # The workers follow the threads as the plan's do (cores // threads), so every count fits.
+    assert [c.value for c in threads] == [1, 3, 4, 5, 6, 7, 8]
+    four = threads[2].env
+    assert four == {knobs.SERVING_THREADS: "4"} and knobs.serving_shape(four, plan, 8) == (2, 4)
+    # With 4 threads kept the plan's workers are 2 (the rule the workers are measured against), and only fewer fit.
+    workers = knobs.KNOBS["serving_workers"]
+    assert workers.rule_given is not None and workers.rule_given(4, four, plan, 8) == 2
+    got = knobs.candidates("serving_workers", rule=2, cores=8, kept=four, plan=plan)
+    assert [c.label for c in got] == ["1 (library default)"] and got[0].env == {knobs.SERVING_WORKERS: "1"}
+    # plan_serving_workers set (the spec's "fixed", from the inventory), even to the rule's own 4:
+    # the workers stay, and only the threads that fit beside them are candidates.
+    for set_to, fit in ((3, [1]), (4, [1])):
+        fixed = {"serving_threads_per_worker": 2, "serving_workers": set_to, "fixed": ["serving_workers"]}
+        assert knobs.serving_shape({knobs.SERVING_THREADS: "1"}, fixed, 8) == (set_to, 1)
+        assert [c.value for c in knobs.candidates("serving_threads_per_worker", rule=2, cores=8, kept={}, plan=fixed)] == fit
+    # Oversubscription allowed: every count.
+    over = knobs.candidates("serving_workers", rule=2, cores=8, kept=four, plan=plan, allow_oversubscription=True)
+    assert [c.value for c in over] == [1, 3, 4, 5, 6, 7, 8]
+    # The serving workload searches the threads first: the workers' rule then follows the kept threads.
+    from provisioner.smoke.workloads import serving
+
+    assert knobs.searchable(serving.KNOBS) == ["serving_threads_per_worker", "serving_workers"]
+
+
 def test_thps_mode_is_a_kernel_knob_every_mode_a_candidate() -> None:
     thp = knobs.KNOBS["thp_enabled"]
     assert thp.option == "plan_thp"  # the plan's own option, which role cpu_tuning applies
@@ -189,6 +216,38 @@ def test_a_real_gain_is_kept_and_no_effect_is_not(tmp_path: Path) -> None:
     assert all(not c["kept"] and c["decided"] for c in loader["candidates"])
     # Both sides of every pair run the workload as the user's shell would, the candidate's variables on top.
     assert {r.get("POLARS_MAX_THREADS") for r in box.runs[: 2 * pairs.MAX_PAIRS]} == {"1", "2"}
+
+
+def test_the_servers_threads_are_kept_then_its_workers_measured_against_the_plans_rule_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.smoke.workloads import serving
+
+    box = Box({}, gain=1.0)
+    box.plan = {"serving_threads_per_worker": 1, "serving_workers": 4}
+    box.cpu = {"physical_cores": 4, "logical_cpus": 4}
+    shapes: list[tuple[int, int]] = []
+    rng = random.Random(3)
+
+    def measured(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
+        # The model server's own step measures (not a worker in the user's shell), reading the plan's
+        # values as the candidate makes them: 2 workers x 2 threads win.
+        box.now += 10
+        shape = (values["serving_workers"], values["serving_threads_per_worker"])
+        shapes.append(shape)
+        return {"requests_per_s": 100 * rng.gauss(1, 0.02) * (1.3 if shape == (2, 2) else 1.0)}
+
+    monkeypatch.setattr(serving, "tune_drive", measured)
+    out = driver.run(
+        box, {"workloads": ["serving"], "knobs": [], "budget_s": 100_000}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock
+    )
+    got = out["workloads"]["serving"]["knobs"]
+    threads = got["serving_threads_per_worker"]
+    assert [c["value"] for c in threads["candidates"]] == [2, 3, 4] and threads["tuned"]["value"] == 2
+    # The workers' rule is what the plan gives 2 threads (4 // 2), and only one worker fewer fits beside them.
+    workers = got["serving_workers"]
+    assert workers["rule"] == 2 and [c["value"] for c in workers["candidates"]] == [1] and workers["tuned"] is None
+    assert set(shapes) == {(4, 1), (2, 2), (1, 3), (1, 4), (1, 2)} and box.runs == []
 
 
 def test_the_budget_is_kept_and_a_second_run_resumes(tmp_path: Path) -> None:
@@ -775,6 +834,31 @@ def test_the_defrag_policy_is_searched_under_the_plans_mode_when_no_mode_is_kept
     assert {m for m, p in seen if p != "madvise"} == {"always"}, seen
     # Both files say what they said before the run.
     assert (live.current(thp.read_text()), live.current(defrag.read_text())) == ("madvise", "madvise")
+
+
+@pytest.mark.parametrize("how", ["kept", "planned"])
+def test_the_defrag_policy_is_not_searched_under_thps_mode_never(tmp_path: Path, how: str) -> None:
+    root, thp = sysfs(tmp_path)
+    defrag = root / knobs.THP_DEFRAG.lstrip("/")
+    defrag.write_text("always defer defer+madvise [madvise] never\n")
+    # never wins the mode's search, or is the plan's mode (the mode not searched).
+    box = Box({"THP": "never"} if how == "kept" else {}, gain=1.25, thp=thp)
+    box.plan.update(thp_defrag="madvise", **({} if how == "kept" else {"thp_enabled": "never"}))
+    state = tmp_path / "state"
+    spec = {
+        "workloads": ["triad"],
+        "knobs": ["thp_enabled", "thp_defrag"] if how == "kept" else ["thp_defrag"],
+        "budget_s": 10_000,
+    }
+    out = driver.run(box, spec, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(root)))
+    knobs_out = out["workloads"]["triad"]["knobs"]
+    if how == "kept":
+        assert knobs_out["thp_enabled"]["tuned"]["value"] == "never"
+    assert knobs_out["thp_defrag"] == {
+        "skipped": "THP's mode is never here (kept by this run or the plan's): no huge page is faulted in, "
+        "so the defrag policy moves nothing"
+    }
+    assert live.current(defrag.read_text()) == "madvise"
 
 
 def test_a_run_killed_outright_is_put_right_by_the_next_one(tmp_path: Path) -> None:

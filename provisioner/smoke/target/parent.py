@@ -78,6 +78,7 @@ class Runner:
         self.plan: dict[str, Any] = {}
         self.cpu: dict[str, Any] = {}
         self.code = ""  # the archive tune runs from (its studies are kept per code)
+        self.tune_state: dict[str, Any] = {}  # what a workload's tune_drive prepares once per run
 
     def worker(self, task: str, env: dict[str, str | None] | None = None, **extra: Any) -> dict[str, Any]:
         """One workload in its own process; ENV (variable -> value, None: unset) on top of what the
@@ -269,7 +270,8 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
         pw = pwd.getpwnam(args.user)
         os.chown(workdir, pw.pw_uid, pw.pw_gid)
         runner = Runner(args, script, workdir, int(plan.get("threads_per_job") or cpu["physical_cores"]), 1)
-        runner.plan, runner.cpu = plan, cpu
+        # With the values the inventory's options fix (spec "fixed"): the knobs that follow others read it.
+        runner.plan, runner.cpu = {**plan, "fixed": list(spec.get("fixed") or [])}, cpu
         runner.code = os.path.basename(running_archive() or "")  # provisioner_smoke-<sha12>.pyz
         state_dir = args.state_dir or driver.STATE_DIR
         out = driver.locked(
@@ -331,8 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--python", required=True, help="the ML environment's python")
     t.add_argument("--user", required=True, help="run the workloads as this user in a login shell")
     t.add_argument("--plan", default=PLAN_FILE)
-    t.add_argument("--spec", required=True, help="JSON: workloads, knobs (null: all), budget_s, force, allow_oversubscription")
+    t.add_argument(
+        "--spec", required=True, help="JSON: workloads, knobs (null: all), budget_s, force, allow_oversubscription, fixed"
+    )
     t.add_argument("--state-dir", default=None, help="where the Optuna studies are kept (default /var/lib/provisioner/tune)")
+    t.add_argument(
+        "--serve-script", default=None, help="the model server (roles/serving/files/provisioner_serve.py): to tune serving"
+    )
     w = sub.add_parser("worker", help="one workload inside the ML environment (internal)")
     w.add_argument("params")
     args = parser.parse_args(argv)

@@ -37,18 +37,24 @@ def _cpuinfo() -> list[dict[str, str]]:
     return [{k.strip(): v.strip() for k, v in (ln.split(":", 1) for ln in b.splitlines() if ":" in ln)} for b in blocks]
 
 
-def core_cpus() -> list[int]:
-    """One logical CPU per physical core this process may use (the first of its SMT siblings)."""
+def core_groups() -> list[list[int]]:
+    """The logical CPUs this process may use, one list per physical core (its SMT siblings), in the
+    order of each core's first CPU."""
     allowed = os.sched_getaffinity(0)
-    cores: dict[tuple[str, str], int] = {}
+    cores: dict[tuple[str, str], list[int]] = {}
     for fields in _cpuinfo():
         try:
             cpu = int(fields.get("processor", "-1"))
         except ValueError:
             continue
         if cpu in allowed:
-            cores.setdefault((fields.get("physical id", "0"), fields.get("core id", str(cpu))), cpu)
-    return sorted(cores.values())
+            cores.setdefault((fields.get("physical id", "0"), fields.get("core id", str(cpu))), []).append(cpu)
+    return sorted(sorted(group) for group in cores.values())
+
+
+def core_cpus() -> list[int]:
+    """One logical CPU per physical core this process may use (the first of its SMT siblings)."""
+    return [group[0] for group in core_groups()]
 
 
 def cpu_info() -> dict[str, Any]:

@@ -28,13 +28,17 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ..base import FAIL, INFO, PASS, WARN, Check, _problem, against_limit, span
+from ..base import FAIL, INFO, PASS, WARN, Check, Objective, _problem, against_limit, span
 from ..target.ml import _data, _missing, median
-from ..target.probe import read
+from ..target.probe import core_groups, read
 
 NAME = "serving"
 # The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
-KNOBS: tuple[str, ...] = ("serving_workers", "serving_threads_per_worker", "allocator")
+KNOBS: tuple[str, ...] = ("serving_threads_per_worker", "serving_workers", "allocator")
+# What `provisioner tune` optimises (tune_drive): a throwaway server of the candidate's workers x
+# threads, each worker on its own cores as the plan slices them, under wrk at the connections the
+# smoke check holds (SERVING_CONNECTIONS): its requests/s.
+TUNE = Objective("requests/s at 8 connections", True, lambda r: float(r["requests_per_s"]))
 
 
 # ---------------------------------------------------------------- target, ML environment
@@ -371,6 +375,56 @@ def ship_server(source: str, workdir: str) -> str:
     return os.path.join(workdir, "provisioner_serve.py")
 
 
+def _start_throwaway(
+    runner: Any, serve: str, registry: str, workers: list[dict[str, Any]], procs: list[subprocess.Popen]
+) -> tuple[str, float]:
+    """Start a throwaway model server of WORKERS on free loopback ports, serving the smoke model of
+    REGISTRY (as the ML user in tuned mode), each process appended to PROCS as it starts (the caller
+    stops them); its predict URL and the seconds until every worker said ready."""
+    args = runner.args
+    port, admin = free_ports(1), free_ports(len(workers))
+    config = {
+        "schema": 1,
+        "registry": registry,
+        "listen": "127.0.0.1",
+        "port": port,
+        "admin_port_base": admin,
+        "workers": workers,
+        "cache_budget_bytes": 1 << 30,
+        "models": [{"name": "smoke", "version": "1"}],
+        "max_body_bytes": 1 << 20,
+        "max_batch_rows": 10000,
+        "warmup_requests": 20,
+    }
+    cfg = os.path.join(runner.workdir, "serving.json")
+    with open(cfg, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    os.chmod(cfg, 0o644)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runner.workdir, "LANG": "C.UTF-8"}
+    ids: dict[str, Any] = {}
+    if args.mode == "tuned":
+        pw = pwd.getpwnam(args.user)
+        ids = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+    logs = [os.path.join(runner.workdir, f"serve-{w['index']}.log") for w in workers]
+    for w, log in zip(workers, logs, strict=True):
+        with open(log, "w", encoding="utf-8") as err:
+            procs.append(
+                subprocess.Popen(
+                    [args.python, serve, "--config", cfg, "--worker", str(w["index"])],
+                    env=env,
+                    cwd=runner.workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    start_new_session=True,
+                    **ids,
+                )
+            )
+    t0 = time.monotonic()
+    _wait_ready(procs, admin, logs)
+    return f"http://127.0.0.1:{port}/v1/models/smoke/1/predict", round(time.monotonic() - t0, 2)
+
+
 def drive(runner: Any) -> dict[str, Any]:
     """The model server under HTTP load: the deployed one when it answers (tuned mode), else a
     throwaway one on free loopback ports with a 200-tree XGBoost model, at 1, 8 and 32 connections."""
@@ -437,52 +491,12 @@ def drive(runner: Any) -> dict[str, Any]:
     try:
         if target is None:
             workers, how = serving_workers(args.mode, runner.serving_plan)
-            port, admin = free_ports(1), free_ports(len(workers))
-            config = {
-                "schema": 1,
-                "registry": registry,
-                "listen": "127.0.0.1",
-                "port": port,
-                "admin_port_base": admin,
-                "workers": workers,
-                "cache_budget_bytes": 1 << 30,
-                "models": [{"name": "smoke", "version": "1"}],
-                "max_body_bytes": 1 << 20,
-                "max_batch_rows": 10000,
-                "warmup_requests": 20,
-            }
-            cfg = os.path.join(runner.workdir, "serving.json")
-            with open(cfg, "w", encoding="utf-8") as f:
-                json.dump(config, f)
-            os.chmod(cfg, 0o644)
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runner.workdir, "LANG": "C.UTF-8"}
-            ids: dict[str, Any] = {}
-            if args.mode == "tuned":
-                pw = pwd.getpwnam(args.user)
-                ids = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-            logs = [os.path.join(runner.workdir, f"serve-{w['index']}.log") for w in workers]
-            for w, log in zip(workers, logs, strict=True):
-                with open(log, "w", encoding="utf-8") as err:
-                    procs.append(
-                        subprocess.Popen(
-                            [args.python, serve, "--config", cfg, "--worker", str(w["index"])],
-                            env=env,
-                            cwd=runner.workdir,
-                            stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL,
-                            stderr=err,
-                            start_new_session=True,
-                            **ids,
-                        )
-                    )
-            t0 = time.monotonic()
-            _wait_ready(procs, admin, logs)
-            url = f"http://127.0.0.1:{port}/v1/models/smoke/1/predict"
+            url, ready_s = _start_throwaway(runner, serve, registry, workers, procs)
             out.update(
                 url=url,
                 workers=workers,
                 workers_how=how,
-                ready_s=round(time.monotonic() - t0, 2),
+                ready_s=ready_s,
                 run_as=args.user if args.mode == "tuned" else "root",
             )
         else:
@@ -515,6 +529,76 @@ def drive(runner: Any) -> dict[str, Any]:
         if procs:
             out["stopped"] = _stop(procs)
     return out
+
+
+def tune_workers(values: dict[str, Any], groups: list[list[int]]) -> tuple[list[dict[str, Any]], str]:
+    """A tune measurement's workers: VALUES' serving_workers x serving_threads_per_worker (the plan's
+    values as the candidate makes them, provisioner.tune.knobs.planned), sliced as the plan slices
+    them: worker i on cores i x threads onwards with their SMT siblings; all of them on every core
+    when they would not fit (plan_allow_oversubscription)."""
+    cores = len(groups)
+    workers, threads = int(values["serving_workers"]), int(values["serving_threads_per_worker"])
+    if workers * threads > cores:
+        every = sorted(c for group in groups for c in group)
+        return [{"index": i, "cpus": every, "threads": threads} for i in range(workers)], (
+            f"{workers} workers x {threads} thread(s), each on all {cores} cores"
+        )
+    slices = [sorted(c for group in groups[i * threads : (i + 1) * threads] for c in group) for i in range(workers)]
+    return [{"index": i, "cpus": c, "threads": threads} for i, c in enumerate(slices)], (
+        f"{workers} workers x {threads} thread(s), each on its own cores"
+    )
+
+
+def tune_drive(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """One tune measurement: a throwaway server shaped by VALUES (tune_workers) under wrk at
+    SERVING_CONNECTIONS for the quick size's seconds after a second to warm; the smoke model is
+    trained once per run (runner.tune_state), the deployed server is never touched."""
+    wrk = shutil.which("wrk")
+    if not wrk:
+        return {"skipped": f"wrk is not installed (the Debian package {WRK_PACKAGE}; role common installs it)"}
+    args, s = runner.args, SIZES[runner.args.profile]
+    state = runner.tune_state.get(NAME)
+    if state is None:
+        source = getattr(args, "serve_script", None)
+        if not source or not os.path.isfile(source):
+            return {"error": f"serving: the model server script is missing ({source or 'no --serve-script'})"}
+        serve = ship_server(source, runner.workdir)
+        registry = os.path.join(runner.workdir, "registry")
+        os.mkdir(registry)
+        pw = pwd.getpwnam(args.user)
+        os.chown(registry, pw.pw_uid, pw.pw_gid)
+        features = [f"f{i}" for i in range(28)]
+        model = runner.worker(
+            "serving_model", serve_script=serve, registry=registry, name="smoke", version="1",
+            features=features, row=_row(features), train=True,
+        )  # fmt: skip
+        if "error" in model or "skipped" in model:
+            return model
+        lua = os.path.join(runner.workdir, "post.lua")
+        with open(lua, "w", encoding="utf-8") as f:
+            f.write(POST_LUA.format(body=json.dumps(json.dumps({"features": _row(features)}, separators=(",", ":")))))
+        state = runner.tune_state[NAME] = {"serve": serve, "registry": registry, "lua": lua}
+    workers, how = tune_workers(values, core_groups())
+    procs: list[subprocess.Popen] = []
+    try:
+        url, ready_s = _start_throwaway(runner, state["serve"], state["registry"], workers, procs)
+        run_wrk(wrk, state["lua"], url, SERVING_CONNECTIONS, 1)  # warm; not kept
+        r = run_wrk(wrk, state["lua"], url, SERVING_CONNECTIONS, s["serving_seconds"])
+    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"serving: {exc}"}
+    finally:
+        _stop(procs)
+    failed = sum(r["socket_errors"].values()) + int(r["non_2xx"])
+    if failed or not r.get("requests_per_s"):
+        return {"error": f"serving: {failed:,} failed requests at {SERVING_CONNECTIONS} connections ({how})"}
+    return {
+        "requests_per_s": r["requests_per_s"],
+        "p99_ms": r.get("p99_ms"),
+        "workers": len(workers),
+        "threads": workers[0]["threads"],
+        "workers_how": how,
+        "ready_s": ready_s,
+    }
 
 
 # ---------------------------------------------------------------- control node

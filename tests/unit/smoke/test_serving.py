@@ -43,6 +43,33 @@ def test_the_throwaway_servers_workers_come_from_the_plan_or_the_naive_setup():
     assert workers == [{"index": 0, "cpus": allowed, "threads": len(allowed)}] and "one worker" in how
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4, 8])
+def test_a_tune_measurement_slices_the_cores_as_the_plan_would_for_its_threads(threads):
+    # The candidate's threads per worker (its workers following, cores // threads, as the plan's do):
+    # the slices `up` would give the workers once the value is written back.
+    from facts_fixtures import load
+
+    from provisioner.plan import PlanOptions, core_cpus, derive_plan
+    from provisioner.tune import knobs
+
+    facts = load("epyc_4545p")  # 16 cores, two SMT siblings each
+    rule = {s.key: s.value for s in derive_plan(facts).settings}
+    written = derive_plan(facts, PlanOptions.from_vars({"plan_serving_threads_per_worker": threads})).serving
+    assert written is not None
+    values = knobs.planned({knobs.SERVING_THREADS: str(threads)}, rule, facts["cpu"]["cores"])
+    workers, how = serving.tune_workers(values, core_cpus(facts)[0])
+    assert [w["cpus"] for w in workers] == written["worker_cpus"]
+    assert {w["threads"] for w in workers} == {threads} and how.startswith(f"{written['workers']} workers x {threads}")
+
+
+def test_a_tune_measurement_that_would_not_fit_shares_every_core():
+    groups = [[0, 2], [1, 3]]
+    workers, how = serving.tune_workers({"serving_workers": 2, "serving_threads_per_worker": 2}, groups)
+    assert [w["cpus"] for w in workers] == [[0, 1, 2, 3]] * 2 and how == "2 workers x 2 thread(s), each on all 2 cores"
+    workers, _ = serving.tune_workers({"serving_workers": 2, "serving_threads_per_worker": 1}, groups)
+    assert [w["cpus"] for w in workers] == [[0, 2], [1, 3]]
+
+
 def test_a_deployed_server_is_measured_only_when_worker_0_says_ready(tmp_path):
     assert serving.deployed_server(str(tmp_path / "none.json")) == (None, f"no deployed model server ({tmp_path / 'none.json'} does not exist)")
     port = serving.free_ports(1)  # nothing listens there
