@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,15 @@ def test_workloads_and_knobs() -> None:
         BadInput, match=r"--knobs: polars_threads is not a knob of dataloader; tune can search: dataloader_workers"
     ):
         proposal.check_knobs(["polars_threads"], ["dataloader"])
+
+
+def test_every_value_a_workload_declares_is_a_knob_or_docs_say_why_not() -> None:
+    from provisioner.smoke.workloads import WORKLOADS
+
+    declared = {k for w in WORKLOADS for k in w.KNOBS}
+    table = (Path(__file__).resolve().parents[2] / "docs" / "tune.md").read_text().split("tune does not search, and why:", 1)[1]
+    said = {name for row in table.split("\n\n", 2)[1].splitlines() for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert declared - set(knobs.KNOBS) == said, "docs/tune.md's table of values tune does not search is out of date"
 
 
 def test_every_tunable_workload_has_a_knob_tune_applies() -> None:
