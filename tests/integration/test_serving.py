@@ -261,10 +261,10 @@ def test_a_new_version_rolls_in_under_load_without_a_failed_request(served, tmp_
     before = {w["index"]: w["pid"] for w in workers(served)}
     new = tmp_path / "fraud-3"
     shutil.copytree(MODELS / "fraud" / "2", new)
-    load = start_wrk(served, "/v1/models/fraud/1/predict", seconds=25)
-    time.sleep(3)  # the load is running before the first worker restarts
-    rc, _, r = cli_json("serve", "load", "fraud/3", "--from", str(new), "-i", str(served.inventory), timeout=600)
-    requests, out = wrk_result(load)
+    # The load runs before the first worker restarts and until the last one is back.
+    (rc, _, r), requests, out = under_load(
+        served, lambda: cli_json("serve", "load", "fraud/3", "--from", str(new), "-i", str(served.inventory), timeout=600)
+    )
     assert rc == ExitCode.OK, r.stdout[-2000:] + r.stderr
     assert requests > 0
     assert "Non-2xx" not in out and "Socket errors" not in out, out
