@@ -9,6 +9,9 @@ from provisioner.constants import SERVING_WORKER_OVERHEAD_BYTES
 from provisioner.plan.base import PlanError, Setting, _get, _gib, _memory_and_hugepages, _need
 from provisioner.plan.options import PlanOptions
 
+# The least model cache a worker may be left with (its memory minus what the worker needs itself).
+SERVING_MIN_CACHE_BYTES = 256 * 1024**2
+
 
 def serving_threads_per_worker(cores: int) -> int:
     """Threads per model-server worker for this many physical cores.  See docs/tuning.md, 'Serving'.
@@ -101,7 +104,7 @@ def plan_serving(facts: Mapping[str, Any], options: PlanOptions, settings: list[
         "(plan_serving_memory_share); "
         f"{_gib(per_worker)} per worker, each loading its own copy of the models"
     )
-    if cache < 256 * 1024**2:
+    if cache < SERVING_MIN_CACHE_BYTES:
         raise PlanError(
             f"serving: {_gib(per_worker)} per worker leaves {_gib(max(cache, 0))} for models after the "
             f"{_gib(SERVING_WORKER_OVERHEAD_BYTES)} a worker needs itself; use fewer workers "

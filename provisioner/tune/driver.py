@@ -202,6 +202,8 @@ class _Search:
             "code": code,
             "labels": labels,
         }
+        if spec.follows:  # the plan's values its measurements depend on besides the candidate
+            context["plan"] = {k: self.runner.plan.get(k) for k in spec.follows}
         key = context_key(**context, **({"live": list(base_live)} if base_live else {}))
         study = self.ledger.study(f"{workload}.{knob}.{key}")
         record: dict[str, Any] = {"rule": rule, "candidates": [], "tuned": None}
@@ -319,6 +321,14 @@ def _run(
         out["workloads"][name] = entry
         base: knob_table.Env = {}
         base_live: knob_table.Live = ()
+        # What a workload prepares once per run, outside the timed pairs (the model server's model):
+        # where it cannot, its knobs are not searched and say why.
+        prepare = getattr(module, "tune_prepare", None)
+        ready = prepare(runner) if prepare and wanted else {}
+        unready = ready.get("error") or ready.get("skipped")
+        if unready:
+            entry["knobs"] = {knob: {"skipped": unready} for knob in wanted}
+            continue
         for knob in wanted:
             rule = runner.plan.get(knob)
             if rule is None:
@@ -328,7 +338,7 @@ def _run(
             if spec_of.rule_given is not None:
                 # The plan's value once the values kept before it are applied (serving's workers follow its threads).
                 rule = spec_of.rule_given(rule, base, runner.plan, search.cores)
-            inert = _inert(knob, base_live, runner.plan)
+            inert = _inert(knob, base_live, live)
             if inert:
                 entry["knobs"][knob] = {"skipped": inert}
                 continue
@@ -348,15 +358,21 @@ def _run(
     return out
 
 
-def _inert(knob: str, base_live: knob_table.Live, plan: dict[str, Any]) -> str:
+def _inert(knob: str, base_live: knob_table.Live, live: Live | None) -> str:
     """Why KNOB moves nothing under the settings it would be measured under, else "": THP's defrag
-    policy with THP's mode never (the kept mode, else the plan's): no huge page is ever faulted in."""
+    policy with THP's mode never (the mode its search runs under: the one this run searched, else
+    the kernel's now), where no huge page is ever faulted in."""
     if knob != "thp_defrag":
         return ""
-    mode = dict(base_live).get(knob_table.THP_ENABLED) or plan.get("thp_enabled")
+    mode = dict(base_live).get(knob_table.THP_ENABLED)
+    if mode is None and live is not None:
+        try:
+            mode = live.read(knob_table.THP_ENABLED)
+        except OSError:
+            mode = None
     if mode != "never":
         return ""
-    return "THP's mode is never here (kept by this run or the plan's): no huge page is faulted in, so the defrag policy moves nothing"
+    return "THP's mode is never here: no huge page is faulted in, so the defrag policy moves nothing"
 
 
 def locked(state_dir: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:

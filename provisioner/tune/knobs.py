@@ -40,10 +40,13 @@ class Knob:
     sysfs: str = ""
     override: str = ""
     # A count that shares the cores with another knob's (serving: workers x threads per worker):
-    # whether a value fits beside the values kept before it (value, kept variables, plan, cores),
-    # and the rule once those are kept (rule, kept variables, plan, cores), where it follows them.
-    fits: Callable[[int, Env, Mapping[str, Any], int], bool] | None = None
+    # whether a value is one the plan would take beside the values kept before it (value, kept
+    # variables, plan, cores, oversubscription allowed), and the rule once those are kept (rule, kept
+    # variables, plan, cores), where it follows them; the plan's values its measurements depend on
+    # (in its study's key, so a study measured under others is not resumed).
+    fits: Callable[[int, Env, Mapping[str, Any], int, bool], bool] | None = None
     rule_given: Callable[[Any, Env, Mapping[str, Any], int], Any] | None = None
+    follows: tuple[str, ...] = ()
 
     @property
     def option(self) -> str:
@@ -116,17 +119,45 @@ def _serving_threads(value: Any, _cores: int) -> Env:
     return {SERVING_THREADS: str(int(value))}
 
 
-def _workers_fit(value: int, kept: Env, plan: Mapping[str, Any], cores: int) -> bool:
-    return value * serving_shape(kept, plan, cores)[1] <= cores
+# provisioner.plan.serving's: the least model cache a worker may be left with (tests/unit/test_tune.py
+# holds them equal; this module imports nothing of provisioner's).
+SERVING_MIN_CACHE_BYTES = 256 * 1024**2
 
 
-def _threads_fit(value: int, kept: Env, plan: Mapping[str, Any], cores: int) -> bool:
-    return serving_shape({**kept, SERVING_THREADS: str(value)}, plan, cores)[0] * value <= cores
+def _shape_fits(workers: int, threads: int, plan: Mapping[str, Any], cores: int, allow_oversubscription: bool) -> bool:
+    """Whether the plan takes WORKERS x THREADS: within the cores (unless oversubscription is
+    allowed), and each worker's share of the serving memory budget leaving it a model cache."""
+    if workers * threads > cores and not allow_oversubscription:
+        return False
+    budget, overhead = plan.get("serving_memory_budget_bytes"), plan.get("serving_worker_overhead_bytes")
+    if budget is None or overhead is None:
+        return True
+    return int(budget) // workers - int(overhead) >= SERVING_MIN_CACHE_BYTES
+
+
+def _workers_fit(value: int, kept: Env, plan: Mapping[str, Any], cores: int, allow_oversubscription: bool) -> bool:
+    return _shape_fits(value, serving_shape(kept, plan, cores)[1], plan, cores, allow_oversubscription)
+
+
+def _threads_fit(value: int, kept: Env, plan: Mapping[str, Any], cores: int, allow_oversubscription: bool) -> bool:
+    workers, threads = serving_shape({**kept, SERVING_THREADS: str(value)}, plan, cores)
+    return _shape_fits(workers, threads, plan, cores, allow_oversubscription)
 
 
 def _workers_rule(_rule: Any, kept: Env, plan: Mapping[str, Any], cores: int) -> int:
     return serving_shape(kept, plan, cores)[0]
 
+
+# What a serving measurement depends on besides its candidate: the plan's shape, the values the
+# inventory fixes, the memory budget, and the model server's own code (serving_code: its files' hash).
+SERVING_FOLLOWS = (
+    "serving_workers",
+    "serving_threads_per_worker",
+    "fixed",
+    "serving_memory_budget_bytes",
+    "serving_worker_overhead_bytes",
+    "serving_code",
+)
 
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 THP_DEFRAG = "/sys/kernel/mm/transparent_hugepage/defrag"
@@ -146,8 +177,16 @@ KNOBS: dict[str, Knob] = {
         Knob("joblib_workers", 1, _joblib),
         Knob("dataloader_workers", 0, _dataloader, default=0),
         Knob("trials", 1, _trials, default=1),
-        Knob("serving_threads_per_worker", 1, _serving_threads, fits=_threads_fit),
-        Knob("serving_workers", 1, _serving_workers, default=1, fits=_workers_fit, rule_given=_workers_rule),
+        Knob("serving_threads_per_worker", 1, _serving_threads, fits=_threads_fit, follows=SERVING_FOLLOWS),
+        Knob(
+            "serving_workers",
+            1,
+            _serving_workers,
+            default=1,
+            fits=_workers_fit,
+            rule_given=_workers_rule,
+            follows=SERVING_FOLLOWS,
+        ),
         Knob("thp_enabled", 0, _none, choices=("always", "madvise", "never"), sysfs=THP_ENABLED, override="plan_thp"),
         Knob(
             "thp_defrag",
@@ -194,16 +233,13 @@ def candidates(
     # (plan_dataloader_workers), unless oversubscription is.
     top = cores - 1 if knob.lowest == 0 and not allow_oversubscription else cores
     values = [v for v in range(knob.lowest, top + 1) if v != rule]
-    if knob.fits is not None and plan is not None and not allow_oversubscription:
+    if knob.default is None and logical is not None and logical > cores and allow_oversubscription:
+        values.append(logical)  # the library's default count (the logical CPUs), as a value the plan can carry back
+    if knob.fits is not None and plan is not None:
         fits = knob.fits
-        values = [v for v in values if fits(v, kept or {}, plan, cores)]
-    out = [Candidate(v, knob.env(v, cores), default=v == knob.default) for v in values]
-    if knob.default is not None:
-        return out  # the library's count is one of them (or the rule itself)
-    if logical is not None and logical > cores and allow_oversubscription:
-        # The library's default count (the logical CPUs), as a value the plan can carry back.
-        out.append(Candidate(logical, knob.env(logical, cores), default=True))
-    return out
+        values = [v for v in values if fits(v, kept or {}, plan, cores, allow_oversubscription)]
+    default = knob.default if knob.default is not None else logical if logical is not None and logical > cores else None
+    return [Candidate(v, knob.env(v, cores), default=v == default) for v in values]
 
 
 def searchable(declared: Sequence[str]) -> list[str]:

@@ -299,7 +299,31 @@ def write_class(
                 f"{host}: a plan_tuned of its own (host_vars) replaces the class's, so `provisioner plan` shows other "
                 f"evidence for {', '.join(stale)}; remove plan_tuned there"
             )
+    messages += _other_servers(found_vars, members[0], wanted)
     return written, messages
+
+
+# The model server's shape: a kept count of one was measured beside the other as the measured host's
+# options left it (provisioner.tune.knobs.serving_shape).
+SERVER_SHAPE = ("plan_serving_workers", "plan_serving_threads_per_worker")
+
+
+def _other_servers(found_vars: Mapping[str, Mapping[str, Any]], measured: str, wanted: Mapping[str, Any]) -> list[str]:
+    """The class's hosts whose own option of the model server's shape differs from the measured
+    host's while the class keeps a count of it: their plan gives another server than was measured."""
+    if not any(o in wanted for o in SERVER_SHAPE) or measured not in found_vars:
+        return []
+    shape = {o: found_vars[measured].get(o) for o in SERVER_SHAPE if o not in wanted}
+    out = []
+    for host, found in found_vars.items():
+        differs = [o for o, v in shape.items() if found.get(o) != v]
+        if host != measured and differs:
+            said = ", ".join(f"{o} is {found.get(o)!r} there, {shape[o]!r} on {measured}" for o in differs)
+            out.append(
+                f"{host}: {said}, where the model server was measured; its plan gives another server than the one "
+                f"measured: set it as on {measured}, or tune {host} on its own"
+            )
+    return out
 
 
 def prune(inventory: Path, placement: Mapping[str, str]) -> list[str]:

@@ -228,6 +228,44 @@ def test_a_real_gain_is_kept_and_no_effect_is_not(tmp_path: Path) -> None:
     assert {r.get("POLARS_MAX_THREADS") for r in box.runs[: 2 * pairs.MAX_PAIRS]} == {"1", "2"}
 
 
+@pytest.mark.parametrize("gib", [16, 192])
+def test_every_server_shape_tune_measures_is_one_the_plan_takes_memory_included(gib: int) -> None:
+    from provisioner.plan import PlanError, PlanOptions, derive_plan
+    from provisioner.plan.serving import SERVING_MIN_CACHE_BYTES
+    from provisioner.smoke.target.parent import tune_context
+
+    assert knobs.SERVING_MIN_CACHE_BYTES == SERVING_MIN_CACHE_BYTES
+    facts = _facts("epyc_4545p")  # 16 cores: the rule's 4 workers x 4 threads
+    facts["memory"]["total_bytes"] = gib * 2**30
+    plan = derive_plan(facts)
+    assert plan.serving is not None
+    values = {**plan.to_dict()["values"], **tune_context(plan.serving, None)}
+    cores = facts["cpu"]["cores"]
+    for allow in (False, True):
+        options = {"plan_allow_oversubscription": allow}
+        got = knobs.candidates("serving_threads_per_worker", 4, cores, 32, allow, {}, values)
+        for threads in [*range(1, cores + 1), 32]:  # the counts up to the cores, and OpenMP's default: the logical CPUs
+            try:
+                derive_plan(facts, PlanOptions.from_vars({**options, "plan_serving_threads_per_worker": threads}))
+                takes = threads != 4
+            except PlanError:
+                takes = False
+            assert (threads in [c.value for c in got]) == takes, (gib, allow, threads)
+        kept: knobs.Env = {knobs.SERVING_THREADS: "2"}  # 8 workers x 2 threads, the workers then measured against the plan's 8
+        got = knobs.candidates("serving_workers", 8, cores, 32, allow, kept, values)
+        for workers in range(1, 17):
+            vars_ = {**options, "plan_serving_threads_per_worker": 2, "plan_serving_workers": workers}
+            try:
+                derive_plan(facts, PlanOptions.from_vars(vars_))
+                takes = workers != 8
+            except PlanError:
+                takes = False
+            assert (workers in [c.value for c in got]) == takes, (gib, allow, workers)
+    # On 16 GiB, 16 one-thread workers would leave each no model cache: never measured.
+    if gib == 16:
+        assert 1 not in [c.value for c in knobs.candidates("serving_threads_per_worker", 4, cores, 32, False, {}, values)]
+
+
 def test_the_servers_threads_are_kept_then_its_workers_measured_against_the_plans_rule_for_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -247,6 +285,13 @@ def test_the_servers_threads_are_kept_then_its_workers_measured_against_the_plan
         shapes.append(shape)
         return {"requests_per_s": 100 * rng.gauss(1, 0.02) * (1.3 if shape == (2, 2) else 1.0)}
 
+    prepared: list[Any] = []
+
+    def prepare(runner: Any) -> dict[str, Any]:
+        prepared.append(runner)
+        return {}
+
+    monkeypatch.setattr(serving, "tune_prepare", prepare)
     monkeypatch.setattr(serving, "tune_drive", measured)
     out = driver.run(
         box, {"workloads": ["serving"], "knobs": [], "budget_s": 100_000}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock
@@ -258,6 +303,53 @@ def test_the_servers_threads_are_kept_then_its_workers_measured_against_the_plan
     workers = got["serving_workers"]
     assert workers["rule"] == 2 and [c["value"] for c in workers["candidates"]] == [1] and workers["tuned"] is None
     assert set(shapes) == {(4, 1), (2, 2), (1, 3), (1, 4), (1, 2)} and box.runs == []
+    assert prepared == [box]  # the model made once, before any pair was timed
+
+
+def test_a_servers_study_resumes_only_under_the_same_plan_shape_and_server_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.smoke.workloads import serving
+
+    box = Box({}, gain=1.0)
+    box.cpu = {"physical_cores": 4, "logical_cpus": 4}
+    monkeypatch.setattr(serving, "tune_prepare", lambda runner: {})
+
+    def measured(_runner: Any, values: dict[str, Any]) -> dict[str, Any]:
+        box.now += 10
+        return {"requests_per_s": 100 * box.rng.gauss(1, 0.02)}
+
+    monkeypatch.setattr(serving, "tune_drive", measured)
+    spec = {"workloads": ["serving"], "knobs": ["serving_threads_per_worker"], "budget_s": 100_000}
+
+    def resumed(**plan: Any) -> list[bool]:
+        box.plan = {"serving_threads_per_worker": 1, "serving_workers": 4, "serving_code": "a", **plan}
+        out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+        return [bool(c.get("resumed")) for c in out["workloads"]["serving"]["knobs"]["serving_threads_per_worker"]["candidates"]]
+
+    assert resumed() == [False] * 3
+    assert resumed() == [True] * 3
+    # The same labels (2, 3, 4 threads) but other servers: workers the inventory fixes, or new server code.
+    assert resumed(fixed=["serving_workers"], serving_workers=1) == [False] * 3
+    assert resumed(serving_code="b") == [False] * 3
+
+
+def test_a_workload_that_cannot_prepare_says_why_for_each_knob_and_measures_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.smoke.workloads import serving
+
+    box = Box({}, gain=1.0)
+    box.plan = {"serving_threads_per_worker": 1, "serving_workers": 2, "polars_threads": 2}
+    why = "uvicorn is not installed (the mlstack component serving)"
+    monkeypatch.setattr(serving, "tune_prepare", lambda runner: {"skipped": why})
+    monkeypatch.setattr(serving, "tune_drive", lambda runner, values: pytest.fail("measured"))
+    spec = {"workloads": ["serving", "features"], "knobs": [], "budget_s": 10_000}
+    out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    assert out["workloads"]["serving"]["knobs"] == {
+        k: {"skipped": why} for k in ("serving_threads_per_worker", "serving_workers")
+    }
+    assert out["workloads"]["features"]["knobs"]["polars_threads"]["candidates"]  # the run went on
 
 
 def test_the_budget_is_kept_and_a_second_run_resumes(tmp_path: Path) -> None:
@@ -513,6 +605,22 @@ def test_a_value_ansible_ranks_above_the_class_is_named(tmp_path: Path) -> None:
         "box3: plan_polars_threads is 4 there, from its host_vars, its inventory line or a deeper group, which Ansible "
         "ranks above group hw_abc123abc123; remove it there to take the tuned value",
     ]
+
+
+def test_a_member_whose_own_server_option_differs_from_the_measured_hosts_is_named(tmp_path: Path) -> None:
+    inventory, _ = _inventory(tmp_path, "yaml")
+    inventory.write_text(
+        inventory.read_text().replace("ansible_host: 10.0.0.3", "ansible_host: 10.0.0.3\n          plan_serving_workers: 8")
+    )
+    threads = proposal.Row("box1", "serving", "serving_threads_per_worker", 1, tuned=2, gain=1.2, spread=0.02, pairs=11)
+    _, said = proposal.write_class(inventory, PRINT, [threads], ["box1", "box2", "box3"], day="2026-12-05")
+    assert said == [
+        "box3: plan_serving_workers is 8 there, None on box1, where the model server was measured; its plan gives "
+        "another server than the one measured: set it as on box1, or tune box3 on its own"
+    ]
+    # Nothing said where the class keeps no count of the server's.
+    _, said = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2", "box3"], day="2026-12-05")
+    assert not [m for m in said if "model server" in m]
 
 
 @pytest.mark.parametrize(
@@ -846,14 +954,17 @@ def test_the_defrag_policy_is_searched_under_the_plans_mode_when_no_mode_is_kept
     assert (live.current(thp.read_text()), live.current(defrag.read_text())) == ("madvise", "madvise")
 
 
-@pytest.mark.parametrize("how", ["kept", "planned"])
+@pytest.mark.parametrize("how", ["kept", "the kernel's"])
 def test_the_defrag_policy_is_not_searched_under_thps_mode_never(tmp_path: Path, how: str) -> None:
     root, thp = sysfs(tmp_path)
     defrag = root / knobs.THP_DEFRAG.lstrip("/")
     defrag.write_text("always defer defer+madvise [madvise] never\n")
-    # never wins the mode's search, or is the plan's mode (the mode not searched).
+    # never wins the mode's search, or is the kernel's mode when the mode is not searched (what the
+    # defrag policy's measurements would then run under, whatever the plan says).
     box = Box({"THP": "never"} if how == "kept" else {}, gain=1.25, thp=thp)
-    box.plan.update(thp_defrag="madvise", **({} if how == "kept" else {"thp_enabled": "never"}))
+    box.plan.update(thp_defrag="madvise", thp_enabled="madvise")
+    if how != "kept":
+        thp.write_text("always madvise [never]\n")
     state = tmp_path / "state"
     spec = {
         "workloads": ["triad"],
@@ -865,10 +976,20 @@ def test_the_defrag_policy_is_not_searched_under_thps_mode_never(tmp_path: Path,
     if how == "kept":
         assert knobs_out["thp_enabled"]["tuned"]["value"] == "never"
     assert knobs_out["thp_defrag"] == {
-        "skipped": "THP's mode is never here (kept by this run or the plan's): no huge page is faulted in, "
-        "so the defrag policy moves nothing"
+        "skipped": "THP's mode is never here: no huge page is faulted in, so the defrag policy moves nothing"
     }
     assert live.current(defrag.read_text()) == "madvise"
+    # The plan's never with the kernel's mode still madvise (not applied live): measured under madvise.
+    thp.write_text("always [madvise] never\n")
+    box.plan.update(thp_enabled="never")
+    other = driver.run(
+        box,
+        {**spec, "knobs": ["thp_defrag"]},
+        ledger=driver.Ledger(str(tmp_path / "s2")),
+        clock=box.clock,
+        live=driver.Live(str(tmp_path / "s2"), str(root)),
+    )
+    assert "skipped" not in other["workloads"]["triad"]["knobs"]["thp_defrag"]
 
 
 def test_a_run_killed_outright_is_put_right_by_the_next_one(tmp_path: Path) -> None:

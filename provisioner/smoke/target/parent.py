@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import hashlib
 import json
 import os
 import platform
@@ -248,6 +249,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 SERVING_CONFIG = "/etc/provisioner/serving/serving.json"
 
 
+def tune_context(serving: dict[str, Any], serve_script: str | None) -> dict[str, Any]:
+    """What the serving knobs read besides the plan's values: what a worker needs itself (its memory
+    less its model cache, the plan's SERVING_WORKER_OVERHEAD_BYTES) and the model server's code (the
+    hash of the files shipped with it), which a study of theirs resumes only for."""
+    out: dict[str, Any] = {}
+    if serving.get("worker_memory_bytes") is not None and serving.get("cache_budget_bytes") is not None:
+        out["serving_worker_overhead_bytes"] = int(serving["worker_memory_bytes"]) - int(serving["cache_budget_bytes"])
+    if serve_script and os.path.isfile(serve_script):
+        here, digest = os.path.dirname(os.path.abspath(serve_script)), hashlib.sha256()
+        for name in sorted(n for n in os.listdir(here) if n.startswith("provisioner_serve") and n.endswith(".py")):
+            with open(os.path.join(here, name), "rb") as f:
+                digest.update(name.encode() + b"\0" + f.read())
+        out["serving_code"] = digest.hexdigest()[:12]
+    return out
+
+
 def tune(args: argparse.Namespace) -> dict[str, Any]:
     """provisioner.tune.driver on this host: the workers as for a tuned smoke run at the quick size."""
     from ...tune import driver  # imports Optuna where the study opens: the ML environment's Python runs this
@@ -257,10 +274,11 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     args.mode, args.profile = "tuned", "quick"
     try:
         with open(args.plan, encoding="utf-8") as f:
-            plan = json.load(f).get("values", {})
+            doc = json.load(f)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"no plan at {args.plan} ({exc}): run provisioner up first") from None
     spec = json.loads(args.spec)
+    plan = {**doc.get("values", {}), **tune_context(doc.get("serving") or {}, args.serve_script)}
     cpu = cpu_info()
     workdir = tempfile.mkdtemp(prefix="provisioner-tune-", dir="/var/tmp")
     try:

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -116,6 +117,8 @@ def w_serving_model(p: dict[str, Any]) -> dict[str, Any]:
     model = serve.load_model(serve.Registry(p["registry"]), p["name"], p["version"], 1)
     out.setdefault("model", {"framework": model.framework, "features": model.n})
     out["model"]["bytes"] = model.bytes
+    if not p.get("inproc", True):  # tune's: the model only, the in-process rate is the smoke test's
+        return out
     row = p["row"]
     out["inproc"] = _inproc_rate(model, row, s["serving_calls"], np)
     engine = getattr(model, "engine", None)  # the predictor engine its load chose (docs/serving.md)
@@ -538,67 +541,78 @@ def tune_workers(values: dict[str, Any], groups: list[list[int]]) -> tuple[list[
     when they would not fit (plan_allow_oversubscription)."""
     cores = len(groups)
     workers, threads = int(values["serving_workers"]), int(values["serving_threads_per_worker"])
-    if workers * threads > cores:
-        every = sorted(c for group in groups for c in group)
-        return [{"index": i, "cpus": every, "threads": threads} for i in range(workers)], (
-            f"{workers} workers x {threads} thread(s), each on all {cores} cores"
-        )
-    slices = [sorted(c for group in groups[i * threads : (i + 1) * threads] for c in group) for i in range(workers)]
+    fit = workers * threads <= cores
+    every = sorted(c for group in groups for c in group)
+    slices = [sorted(c for g in groups[i * threads : (i + 1) * threads] for c in g) if fit else every for i in range(workers)]
+    where = "its own cores" if fit else f"all {cores} cores"
     return [{"index": i, "cpus": c, "threads": threads} for i, c in enumerate(slices)], (
-        f"{workers} workers x {threads} thread(s), each on its own cores"
+        f"{workers} workers x {threads} thread(s), each on {where}"
     )
 
 
-def tune_drive(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """One tune measurement: a throwaway server shaped by VALUES (tune_workers) under wrk at
-    SERVING_CONNECTIONS for the quick size's seconds after a second to warm; the smoke model is
-    trained once per run (runner.tune_state), the deployed server is never touched."""
+def tune_prepare(runner: Any) -> dict[str, Any]:
+    """What tune's measurements of the model server share, made once per run before any is timed: the server
+    shipped into the work directory, the smoke model trained into a registry there (as the ML user), wrk's
+    script; {} when ready, else why not ("skipped"/"error")."""
     wrk = shutil.which("wrk")
     if not wrk:
         return {"skipped": f"wrk is not installed (the Debian package {WRK_PACKAGE}; role common installs it)"}
-    args, s = runner.args, SIZES[runner.args.profile]
-    state = runner.tune_state.get(NAME)
-    if state is None:
-        source = getattr(args, "serve_script", None)
-        if not source or not os.path.isfile(source):
-            return {"error": f"serving: the model server script is missing ({source or 'no --serve-script'})"}
+    args = runner.args
+    source = getattr(args, "serve_script", None)
+    if not source or not os.path.isfile(source):
+        return {"error": f"serving: the model server script is missing ({source or 'no --serve-script'})"}
+    try:
         serve = ship_server(source, runner.workdir)
-        registry = os.path.join(runner.workdir, "registry")
-        os.mkdir(registry)
+        registry = tempfile.mkdtemp(prefix="registry-", dir=runner.workdir)
+        os.chmod(registry, 0o755)
         pw = pwd.getpwnam(args.user)
         os.chown(registry, pw.pw_uid, pw.pw_gid)
-        features = [f"f{i}" for i in range(28)]
-        model = runner.worker(
-            "serving_model", serve_script=serve, registry=registry, name="smoke", version="1",
-            features=features, row=_row(features), train=True,
-        )  # fmt: skip
-        if "error" in model or "skipped" in model:
-            return model
-        lua = os.path.join(runner.workdir, "post.lua")
-        with open(lua, "w", encoding="utf-8") as f:
-            f.write(POST_LUA.format(body=json.dumps(json.dumps({"features": _row(features)}, separators=(",", ":")))))
-        state = runner.tune_state[NAME] = {"serve": serve, "registry": registry, "lua": lua}
+    except (OSError, KeyError) as exc:
+        return {"error": f"serving: {exc}"}
+    features = [f"f{i}" for i in range(28)]
+    model = runner.worker(
+        "serving_model", serve_script=serve, registry=registry, name="smoke", version="1",
+        features=features, row=_row(features), train=True, inproc=False,
+    )  # fmt: skip
+    if "error" in model or "skipped" in model:
+        return model
+    lua = os.path.join(runner.workdir, "post.lua")
+    with open(lua, "w", encoding="utf-8") as f:
+        f.write(POST_LUA.format(body=json.dumps(json.dumps({"features": _row(features)}, separators=(",", ":")))))
+    runner.tune_state[NAME] = {"wrk": wrk, "serve": serve, "registry": registry, "lua": lua}
+    return {}
+
+
+def tune_drive(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """One tune measurement: a throwaway server shaped by VALUES (tune_workers) under wrk at SERVING_CONNECTIONS
+    for the quick size's seconds after 1 s to warm (tune_prepare made what it serves); the deployed one is untouched."""
+    state = runner.tune_state.get(NAME)
+    if state is None:
+        ready = tune_prepare(runner)
+        if ready:
+            return ready
+        state = runner.tune_state[NAME]
+    s = SIZES[runner.args.profile]
     workers, how = tune_workers(values, core_groups())
     procs: list[subprocess.Popen] = []
     try:
         url, ready_s = _start_throwaway(runner, state["serve"], state["registry"], workers, procs)
-        run_wrk(wrk, state["lua"], url, SERVING_CONNECTIONS, 1)  # warm; not kept
-        r = run_wrk(wrk, state["lua"], url, SERVING_CONNECTIONS, s["serving_seconds"])
+        run_wrk(state["wrk"], state["lua"], url, SERVING_CONNECTIONS, 1)  # warm; not kept
+        r = run_wrk(state["wrk"], state["lua"], url, SERVING_CONNECTIONS, s["serving_seconds"])
     except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
         return {"error": f"serving: {exc}"}
     finally:
-        _stop(procs)
+        # Every server stopped, even when the signal that ends the run arrives meanwhile.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+        try:
+            _stop(procs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     failed = sum(r["socket_errors"].values()) + int(r["non_2xx"])
     if failed or not r.get("requests_per_s"):
         return {"error": f"serving: {failed:,} failed requests at {SERVING_CONNECTIONS} connections ({how})"}
-    return {
-        "requests_per_s": r["requests_per_s"],
-        "p99_ms": r.get("p99_ms"),
-        "workers": len(workers),
-        "threads": workers[0]["threads"],
-        "workers_how": how,
-        "ready_s": ready_s,
-    }
+    figures = {"requests_per_s": r["requests_per_s"], "p99_ms": r.get("p99_ms"), "ready_s": ready_s}
+    return {**figures, "workers": len(workers), "threads": workers[0]["threads"], "workers_how": how}
 
 
 # ---------------------------------------------------------------- control node
