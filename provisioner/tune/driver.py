@@ -179,6 +179,21 @@ class _Search:
         )
         return verdict, decided, figures
 
+    def kernel_context(self, spec: knob_table.Knob, base_live: knob_table.Live) -> knob_table.Live:
+        """The kernel settings a kernel knob's measurements run under: those this run set before it,
+        and the others' values as the kernel has them now (THP's defrag policy searched without its
+        mode runs under the kernel's mode): its study resumes only under the same."""
+        if not spec.sysfs or self.live is None:
+            return base_live
+        now: list[tuple[str, str]] = []
+        for other in knob_table.KNOBS.values():
+            if other.sysfs and other.sysfs != spec.sysfs and other.sysfs not in dict(base_live):
+                try:
+                    now.append((other.sysfs, self.live.read(other.sysfs)))
+                except OSError:
+                    continue
+        return with_live(tuple(now), base_live)
+
     def knob(
         self, workload: str, objective: Any, knob: str, rule: Any, base: knob_table.Env, base_live: knob_table.Live = ()
     ) -> dict[str, Any]:
@@ -204,7 +219,8 @@ class _Search:
         }
         if spec.follows:  # the plan's values its measurements depend on besides the candidate
             context["plan"] = {k: self.runner.plan.get(k) for k in spec.follows}
-        key = context_key(**context, **({"live": list(base_live)} if base_live else {}))
+        key_live = self.kernel_context(spec, base_live)
+        key = context_key(**context, **({"live": list(key_live)} if key_live else {}))
         study = self.ledger.study(f"{workload}.{knob}.{key}")
         record: dict[str, Any] = {"rule": rule, "candidates": [], "tuned": None}
         for cand in cands:
@@ -323,8 +339,15 @@ def _run(
         base_live: knob_table.Live = ()
         # What a workload prepares once per run, outside the timed pairs (the model server's model):
         # where it cannot, its knobs are not searched and say why.
+        # Not for a run that stopped or has no time left, nor for knobs the plan lacks.
         prepare = getattr(module, "tune_prepare", None)
-        ready = prepare(runner) if prepare and wanted else {}
+        needed = (
+            prepare is not None
+            and any(runner.plan.get(k) is not None for k in wanted)
+            and not (search.stopped or HUNG_UP)
+            and search.may_go_on(name)
+        )
+        ready = prepare(runner) if prepare is not None and needed else {}
         unready = ready.get("error") or ready.get("skipped")
         if unready:
             entry["knobs"] = {knob: {"skipped": unready} for knob in wanted}

@@ -13,10 +13,11 @@ naming the host it was measured on.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
@@ -261,7 +262,14 @@ def write_class(
         changed, earlier = classes.regroup(inventory, placed, (group, members, note))
     except classes.CannotGroup as exc:
         written = [p for host in members if (p := write(inventory, host, [replace(r, host=host) for r in kept], day))]
-        return written, [f"{exc}: each member's host_vars got the values instead"]
+        said = [f"{exc}: each member's host_vars got the values instead"]
+        wanted_options = {knob_table.KNOBS[r.knob].option for r in kept}
+        from ansible.errors import AnsibleError
+
+        # Unreadable: the host_vars were written, and `provisioner plan` shows what each host gets.
+        with contextlib.suppress(AnsibleError):
+            said += _other_servers(classes.read_vars(inventory, list(members)), members[0], wanted_options)
+        return written, said
     path = classes.group_file(inventory, group)
     _write_vars(path, [replace(r, host=group) for r in kept], day)
     written = [path] + ([classes.edited_file(inventory)] if changed else [])
@@ -304,16 +312,25 @@ def write_class(
 
 
 # The model server's shape: a kept count of one was measured beside the other as the measured host's
-# options left it (provisioner.tune.knobs.serving_shape).
+# options left it (provisioner.tune.knobs.serving_shape), and only where the plan takes it back
+# (the cores unless oversubscription is allowed, each worker's share of the memory budget).
 SERVER_SHAPE = ("plan_serving_workers", "plan_serving_threads_per_worker")
+SERVER_BOUNDS = (
+    "plan_allow_oversubscription",
+    "plan_serving_memory_share",
+    "plan_hugepages_size",
+    "plan_hugepages_count",
+    "plan_hugepages_share",
+)
 
 
-def _other_servers(found_vars: Mapping[str, Mapping[str, Any]], measured: str, wanted: Mapping[str, Any]) -> list[str]:
-    """The class's hosts whose own option of the model server's shape differs from the measured
-    host's while the class keeps a count of it: their plan gives another server than was measured."""
+def _other_servers(found_vars: Mapping[str, Mapping[str, Any]], measured: str, wanted: Collection[str]) -> list[str]:
+    """The class's hosts whose own option of the model server's shape or bounds differs from the
+    measured host's while the class keeps a count of it: their plan gives another server than was
+    measured, or refuses the count."""
     if not any(o in wanted for o in SERVER_SHAPE) or measured not in found_vars:
         return []
-    shape = {o: found_vars[measured].get(o) for o in SERVER_SHAPE if o not in wanted}
+    shape = {o: found_vars[measured].get(o) for o in (*SERVER_SHAPE, *SERVER_BOUNDS) if o not in wanted}
     out = []
     for host, found in found_vars.items():
         differs = [o for o, v in shape.items() if found.get(o) != v]
@@ -321,7 +338,7 @@ def _other_servers(found_vars: Mapping[str, Mapping[str, Any]], measured: str, w
             said = ", ".join(f"{o} is {found.get(o)!r} there, {shape[o]!r} on {measured}" for o in differs)
             out.append(
                 f"{host}: {said}, where the model server was measured; its plan gives another server than the one "
-                f"measured: set it as on {measured}, or tune {host} on its own"
+                f"measured, or refuses it: set it as on {measured}, or tune {host} on its own"
             )
     return out
 

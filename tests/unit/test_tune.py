@@ -334,6 +334,36 @@ def test_a_servers_study_resumes_only_under_the_same_plan_shape_and_server_code(
     assert resumed(serving_code="b") == [False] * 3
 
 
+def test_nothing_is_prepared_for_a_run_with_no_time_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from provisioner.smoke.workloads import serving
+
+    box = Box({}, gain=1.0, seconds=30.0)
+    box.plan = {"serving_threads_per_worker": 1, "serving_workers": 2, "polars_threads": 2}
+    monkeypatch.setattr(serving, "tune_prepare", lambda runner: pytest.fail("prepared with the budget spent"))
+    spec = {"workloads": ["features", "serving"], "knobs": [], "budget_s": 70}
+    out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    threads = out["workloads"]["serving"]["knobs"]["serving_threads_per_worker"]
+    assert threads["candidates"][0]["reason"] == "the budget ended before its first pair", threads
+
+
+def test_the_defrag_policys_study_is_not_resumed_under_another_kernel_mode(tmp_path: Path) -> None:
+    root, thp = sysfs(tmp_path)
+    defrag = root / knobs.THP_DEFRAG.lstrip("/")
+    defrag.write_text("always defer defer+madvise [madvise] never\n")
+    box = Box({}, gain=1.0, thp=thp)
+    box.plan.update(thp_defrag="madvise")
+    state = tmp_path / "state"
+    spec = {"workloads": ["triad"], "knobs": ["thp_defrag"], "budget_s": 10_000}
+
+    def resumed() -> list[bool]:
+        out = driver.run(box, spec, ledger=driver.Ledger(str(state)), clock=box.clock, live=driver.Live(str(state), str(root)))
+        return [bool(c.get("resumed")) for c in out["workloads"]["triad"]["knobs"]["thp_defrag"]["candidates"]]
+
+    assert resumed() == [False] * 4 and resumed() == [True] * 4
+    thp.write_text("[always] madvise never\n")  # `up` applied another mode since
+    assert resumed() == [False] * 4
+
+
 def test_a_workload_that_cannot_prepare_says_why_for_each_knob_and_measures_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -616,11 +646,22 @@ def test_a_member_whose_own_server_option_differs_from_the_measured_hosts_is_nam
     _, said = proposal.write_class(inventory, PRINT, [threads], ["box1", "box2", "box3"], day="2026-12-05")
     assert said == [
         "box3: plan_serving_workers is 8 there, None on box1, where the model server was measured; its plan gives "
-        "another server than the one measured: set it as on box1, or tune box3 on its own"
+        "another server than the one measured, or refuses it: set it as on box1, or tune box3 on its own"
     ]
     # Nothing said where the class keeps no count of the server's.
     _, said = proposal.write_class(inventory, PRINT, _measured(), ["box1", "box2", "box3"], day="2026-12-05")
     assert not [m for m in said if "model server" in m]
+    # An inventory that takes no group (each member's host_vars written): the same said, a bound too.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "hosts.json").write_text(json.dumps({"all": {"hosts": {"box1": None, "box2": None}}}))
+    (other / "host_vars").mkdir()
+    (other / "host_vars" / "box2.yml").write_text("---\nplan_serving_memory_share: 0.2\n")
+    _, said = proposal.write_class(other / "hosts.json", PRINT, [threads], ["box1", "box2"], day="2026-12-05")
+    assert said[1:] == [
+        "box2: plan_serving_memory_share is 0.2 there, None on box1, where the model server was measured; its plan "
+        "gives another server than the one measured, or refuses it: set it as on box1, or tune box2 on its own"
+    ], said
 
 
 @pytest.mark.parametrize(

@@ -561,24 +561,24 @@ def tune_prepare(runner: Any) -> dict[str, Any]:
     source = getattr(args, "serve_script", None)
     if not source or not os.path.isfile(source):
         return {"error": f"serving: the model server script is missing ({source or 'no --serve-script'})"}
+    features = [f"f{i}" for i in range(28)]
+    lua = os.path.join(runner.workdir, "post.lua")
     try:
         serve = ship_server(source, runner.workdir)
         registry = tempfile.mkdtemp(prefix="registry-", dir=runner.workdir)
         os.chmod(registry, 0o755)
         pw = pwd.getpwnam(args.user)
         os.chown(registry, pw.pw_uid, pw.pw_gid)
+        with open(lua, "w", encoding="utf-8") as f:
+            f.write(POST_LUA.format(body=json.dumps(json.dumps({"features": _row(features)}, separators=(",", ":")))))
     except (OSError, KeyError) as exc:
         return {"error": f"serving: {exc}"}
-    features = [f"f{i}" for i in range(28)]
     model = runner.worker(
         "serving_model", serve_script=serve, registry=registry, name="smoke", version="1",
         features=features, row=_row(features), train=True, inproc=False,
     )  # fmt: skip
     if "error" in model or "skipped" in model:
         return model
-    lua = os.path.join(runner.workdir, "post.lua")
-    with open(lua, "w", encoding="utf-8") as f:
-        f.write(POST_LUA.format(body=json.dumps(json.dumps({"features": _row(features)}, separators=(",", ":")))))
     runner.tune_state[NAME] = {"wrk": wrk, "serve": serve, "registry": registry, "lua": lua}
     return {}
 
