@@ -353,6 +353,18 @@ def _wait_ready(procs: list[subprocess.Popen], admin: int, logs: list[str]) -> N
         time.sleep(0.1)
 
 
+SMOKE_FEATURES = tuple(f"f{i}" for i in range(28))  # the throwaway server's model's
+
+
+def write_post(workdir: str, features: list[str]) -> tuple[str, str]:
+    """wrk's script posting one JSON row of FEATURES (post.lua in WORKDIR): its path, and the body."""
+    body = json.dumps({"features": _row(features)}, separators=(",", ":"))
+    lua = os.path.join(workdir, "post.lua")
+    with open(lua, "w", encoding="utf-8") as f:
+        f.write(POST_LUA.format(body=json.dumps(body)))
+    return lua, body
+
+
 def _row(features: list[str]) -> dict[str, float]:
     rng = random.Random(11)
     return {f: round(rng.gauss(0.0, 1.0), 4) for f in features}
@@ -381,9 +393,8 @@ def ship_server(source: str, workdir: str) -> str:
 def _start_throwaway(
     runner: Any, serve: str, registry: str, workers: list[dict[str, Any]], procs: list[subprocess.Popen]
 ) -> tuple[str, float]:
-    """Start a throwaway model server of WORKERS on free loopback ports, serving the smoke model of
-    REGISTRY (as the ML user in tuned mode), each process appended to PROCS as it starts (the caller
-    stops them); its predict URL and the seconds until every worker said ready."""
+    """Start a throwaway model server of WORKERS on free loopback ports serving REGISTRY's smoke model (as the ML user
+    in tuned mode), each process into PROCS as it starts (the caller stops them); its URL and seconds until ready."""
     args = runner.args
     port, admin = free_ports(1), free_ports(len(workers))
     config = {
@@ -448,7 +459,7 @@ def drive(runner: Any) -> dict[str, Any]:
         os.mkdir(registry)
         if args.mode == "tuned":
             os.chown(registry, *(lambda pw: (pw.pw_uid, pw.pw_gid))(pwd.getpwnam(args.user)))
-        features = [f"f{i}" for i in range(28)]
+        features = list(SMOKE_FEATURES)
         model = runner.worker(
             "serving_model",
             serve_script=serve,
@@ -486,10 +497,7 @@ def drive(runner: Any) -> dict[str, Any]:
     out["wrk_version"] = (
         (version.stdout or version.stderr).strip().splitlines()[0] if (version.stdout or version.stderr) else None
     )
-    body = json.dumps({"features": _row(features)}, separators=(",", ":"))
-    lua = os.path.join(runner.workdir, "post.lua")
-    with open(lua, "w", encoding="utf-8") as f:
-        f.write(POST_LUA.format(body=json.dumps(body)))
+    lua, body = write_post(runner.workdir, features)
     procs: list[subprocess.Popen] = []
     try:
         if target is None:
@@ -535,19 +543,16 @@ def drive(runner: Any) -> dict[str, Any]:
 
 
 def tune_workers(values: dict[str, Any], groups: list[list[int]]) -> tuple[list[dict[str, Any]], str]:
-    """A tune measurement's workers: VALUES' serving_workers x serving_threads_per_worker (the plan's
-    values as the candidate makes them, provisioner.tune.knobs.planned), sliced as the plan slices
-    them: worker i on cores i x threads onwards with their SMT siblings; all of them on every core
-    when they would not fit (plan_allow_oversubscription)."""
+    """A tune measurement's workers: VALUES' serving_workers x serving_threads_per_worker (provisioner.tune.knobs.planned),
+    sliced as the plan slices them: worker i on cores i x threads onwards with their SMT siblings; on every core when they
+    would not fit (plan_allow_oversubscription)."""
     cores = len(groups)
     workers, threads = int(values["serving_workers"]), int(values["serving_threads_per_worker"])
     fit = workers * threads <= cores
     every = sorted(c for group in groups for c in group)
     slices = [sorted(c for g in groups[i * threads : (i + 1) * threads] for c in g) if fit else every for i in range(workers)]
-    where = "its own cores" if fit else f"all {cores} cores"
-    return [{"index": i, "cpus": c, "threads": threads} for i, c in enumerate(slices)], (
-        f"{workers} workers x {threads} thread(s), each on {where}"
-    )
+    how = f"{workers} workers x {threads} thread(s), each on {'its own cores' if fit else f'all {cores} cores'}"
+    return [{"index": i, "cpus": c, "threads": threads} for i, c in enumerate(slices)], how
 
 
 def tune_prepare(runner: Any) -> dict[str, Any]:
@@ -561,16 +566,14 @@ def tune_prepare(runner: Any) -> dict[str, Any]:
     source = getattr(args, "serve_script", None)
     if not source or not os.path.isfile(source):
         return {"error": f"serving: the model server script is missing ({source or 'no --serve-script'})"}
-    features = [f"f{i}" for i in range(28)]
-    lua = os.path.join(runner.workdir, "post.lua")
+    features = list(SMOKE_FEATURES)
     try:
         serve = ship_server(source, runner.workdir)
         registry = tempfile.mkdtemp(prefix="registry-", dir=runner.workdir)
         os.chmod(registry, 0o755)
         pw = pwd.getpwnam(args.user)
         os.chown(registry, pw.pw_uid, pw.pw_gid)
-        with open(lua, "w", encoding="utf-8") as f:
-            f.write(POST_LUA.format(body=json.dumps(json.dumps({"features": _row(features)}, separators=(",", ":")))))
+        lua, _ = write_post(runner.workdir, features)
     except (OSError, KeyError) as exc:
         return {"error": f"serving: {exc}"}
     model = runner.worker(
@@ -587,11 +590,8 @@ def tune_drive(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
     """One tune measurement: a throwaway server shaped by VALUES (tune_workers) under wrk at SERVING_CONNECTIONS
     for the quick size's seconds after 1 s to warm (tune_prepare made what it serves); the deployed one is untouched."""
     state = runner.tune_state.get(NAME)
-    if state is None:
-        ready = tune_prepare(runner)
-        if ready:
-            return ready
-        state = runner.tune_state[NAME]
+    if state is None:  # the driver prepares a workload before its first pair
+        return {"error": "serving: nothing prepared for the measurement (tune_prepare did not succeed)"}
     s = SIZES[runner.args.profile]
     workers, how = tune_workers(values, core_groups())
     procs: list[subprocess.Popen] = []
