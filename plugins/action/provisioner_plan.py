@@ -74,6 +74,10 @@ options:
   plan_serving_memory_share:
     description: Share of the RAM after hugepages for the model server, split over its workers.
     type: float
+  plan_serving_allocator:
+    description: The model server's allocator, glibc or jemalloc (preloaded through role allocator); null is glibc.
+    type: str
+    choices: [glibc, jemalloc]
   plan_dataloader_workers:
     description: DataLoader workers of one training job; null derives them from the physical cores.
     type: int

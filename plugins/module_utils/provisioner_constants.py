@@ -52,6 +52,9 @@ VENV_REFUSED = (*SYSTEM_DIRECTORIES, "/usr/local", "/opt", "/srv")
 SERVING_MEMORY_SHARE = 0.5
 MAX_SERVING_MEMORY_SHARE = 0.9
 SERVING_WORKER_OVERHEAD_BYTES = 512 * 1024**2
+# The allocators the model server's workers may run with (plan_serving_allocator): glibc's malloc,
+# or jemalloc preloaded through role allocator's drop-in (Debian's libjemalloc2).
+SERVING_ALLOCATORS = ("glibc", "jemalloc")
 # The model server's worker template (roles/serving); roles allocator and mlstack add the
 # serving pieces they own to their own lists when a host serves, so no play undoes another.
 SERVING_TEMPLATE_UNIT = "provisioner-serve@.service"

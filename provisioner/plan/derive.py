@@ -45,6 +45,7 @@ def derive_plan(facts: Mapping[str, Any], options: PlanOptions | None = None) ->
             Setting("serving_workers", serving["workers"], serving["reasons"][0]),
             Setting("serving_threads_per_worker", serving["threads_per_worker"], serving["reasons"][1]),
             Setting("serving_memory_budget_bytes", serving["memory_budget_bytes"], serving["reasons"][3]),
+            Setting("serving_allocator", serving["allocator"], serving["reasons"][5]),
         ]
     )
     virt = _get(facts, "virtualization.type", "none")

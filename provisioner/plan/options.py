@@ -12,6 +12,7 @@ from provisioner.constants import (
     HUGEPAGES_SIZES,
     MAX_HUGEPAGES_SHARE,
     MAX_SERVING_MEMORY_SHARE,
+    SERVING_ALLOCATORS,
     SERVING_MEMORY_SHARE,
     STORAGE_BACKENDS,
     STORAGE_LEVELS,
@@ -53,6 +54,7 @@ class PlanOptions:
     serving_workers: int | None = None
     serving_threads_per_worker: int | None = None
     serving_memory_share: float = SERVING_MEMORY_SHARE
+    serving_allocator: str | None = None
     dataloader_workers: int | None = None
     polars_threads: int | None = None
     joblib_workers: int | None = None
@@ -105,6 +107,10 @@ class PlanOptions:
             count = getattr(self, name)
             if count is not None and count < 1:
                 raise PlanError(f"plan_{name} must be 1 or more (got {count})")
+        if self.serving_allocator is not None and self.serving_allocator not in SERVING_ALLOCATORS:
+            raise PlanError(
+                f"plan_serving_allocator must be one of {', '.join(SERVING_ALLOCATORS)} (got {self.serving_allocator!r})"
+            )
         if not 0.0 < self.serving_memory_share <= MAX_SERVING_MEMORY_SHARE:
             raise PlanError(
                 f"plan_serving_memory_share must be above 0 and at most {MAX_SERVING_MEMORY_SHARE} "
@@ -240,6 +246,7 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "serving_workers": _as_int,
     "serving_threads_per_worker": _as_int,
     "serving_memory_share": _as_float,
+    "serving_allocator": lambda k, v: _as_str(k, v).lower(),
     "dataloader_workers": _as_int,
     "polars_threads": _as_int,
     "joblib_workers": _as_int,

@@ -114,6 +114,13 @@ def plan_serving(facts: Mapping[str, Any], options: PlanOptions, settings: list[
         f"{_gib(cache)} model cache per worker: {_gib(per_worker)} - {_gib(SERVING_WORKER_OVERHEAD_BYTES)} "
         "for the worker itself; versions beyond it are evicted least recently used first"
     )
+    allocator = options.serving_allocator or "glibc"
+    reasons.append(
+        f"{allocator}: plan_serving_allocator (preloaded into each worker through role allocator's drop-in)"
+        if options.serving_allocator is not None
+        else "glibc: the system malloc; jemalloc (plan_serving_allocator) is an opt-in per service, "
+        "worth it where a measurement shows it (provisioner tune; PyTorch CPU tuning guide)"
+    )
     return {
         "workers": workers,
         "threads_per_worker": threads,
@@ -121,5 +128,6 @@ def plan_serving(facts: Mapping[str, Any], options: PlanOptions, settings: list[
         "memory_budget_bytes": budget,
         "worker_memory_bytes": per_worker,
         "cache_budget_bytes": cache,
+        "allocator": allocator,
         "reasons": reasons,
     }

@@ -39,6 +39,7 @@ class Knob:
     choices: tuple[str, ...] = ()
     sysfs: str = ""
     override: str = ""
+    stock: str = ""  # of the choices, the library's own (its candidate is labelled so)
     # A count that shares the cores with another knob's (serving: workers x threads per worker):
     # whether a value is one the plan would take beside the values kept before it (value, kept
     # variables, plan, cores, oversubscription allowed), and the rule once those are kept (rule, kept
@@ -88,6 +89,7 @@ def _none(_value: Any, _cores: int) -> Env:
 # threads per worker. Only tune's measurement reads these variables.
 SERVING_WORKERS = "PROVISIONER_TUNE_SERVING_WORKERS"
 SERVING_THREADS = "PROVISIONER_TUNE_SERVING_THREADS"
+SERVING_ALLOCATOR = "PROVISIONER_TUNE_SERVING_ALLOCATOR"
 
 
 def serving_shape(env: Mapping[str, str | None], plan: Mapping[str, Any], cores: int) -> tuple[int, int]:
@@ -108,7 +110,8 @@ def planned(env: Mapping[str, str | None], plan: Mapping[str, Any], cores: int) 
     step (the model server's, which starts processes of its own rather than one in the user's
     shell) reads instead of the environment."""
     workers, threads = serving_shape(env, plan, cores)
-    return {**plan, "serving_workers": workers, "serving_threads_per_worker": threads}
+    allocator = env.get(SERVING_ALLOCATOR) or plan.get("serving_allocator") or "glibc"
+    return {**plan, "serving_workers": workers, "serving_threads_per_worker": threads, "serving_allocator": allocator}
 
 
 def _serving_workers(value: Any, _cores: int) -> Env:
@@ -117,6 +120,10 @@ def _serving_workers(value: Any, _cores: int) -> Env:
 
 def _serving_threads(value: Any, _cores: int) -> Env:
     return {SERVING_THREADS: str(int(value))}
+
+
+def _serving_allocator(value: Any, _cores: int) -> Env:
+    return {SERVING_ALLOCATOR: str(value)}
 
 
 # provisioner.plan.serving's: the least model cache a worker may be left with (tests/unit/test_tune.py
@@ -148,11 +155,12 @@ def _workers_rule(_rule: Any, kept: Env, plan: Mapping[str, Any], cores: int) ->
     return serving_shape(kept, plan, cores)[0]
 
 
-# What a serving measurement depends on besides its candidate: the plan's shape, the values the
-# inventory fixes, the memory budget, and the model server's own code (serving_code: its files' hash).
+# What a serving measurement depends on besides its candidate: the plan's shape and allocator, the
+# values the inventory fixes, the memory budget, and the model server's own code (serving_code: its files' hash).
 SERVING_FOLLOWS = (
     "serving_workers",
     "serving_threads_per_worker",
+    "serving_allocator",
     "fixed",
     "serving_memory_budget_bytes",
     "serving_worker_overhead_bytes",
@@ -166,7 +174,8 @@ THP_DEFRAG = "/sys/kernel/mm/transparent_hugepage/defrag"
 # DataLoader's worker processes (the library's default 0: batches load in the training process);
 # parallel trials of a study (Optuna's default n_jobs=1: one trial at a time, with every core);
 # the model server's threads per worker (OpenMP's default: one per logical CPU) and then its workers
-# (uvicorn's default: one), each worker on its own cores as the plan slices them;
+# (uvicorn's default: one), each worker on its own cores as the plan slices them, and the allocator
+# its workers run with (glibc's malloc, the default, or jemalloc preloaded as role allocator does);
 # transparent huge pages' mode and defrag policy, the kernel's (every value a candidate, the stock
 # one among them: a distribution's kernel boots with always or madvise), set live for each
 # measurement and put back. The choices are the kernel's own words, in its order.
@@ -185,6 +194,14 @@ KNOBS: dict[str, Knob] = {
             default=1,
             fits=_workers_fit,
             rule_given=_workers_rule,
+            follows=SERVING_FOLLOWS,
+        ),
+        Knob(
+            "serving_allocator",
+            0,
+            _serving_allocator,
+            choices=("glibc", "jemalloc"),
+            stock="glibc",
             follows=SERVING_FOLLOWS,
         ),
         Knob("thp_enabled", 0, _none, choices=("always", "madvise", "never"), sysfs=THP_ENABLED, override="plan_thp"),
@@ -228,7 +245,7 @@ def candidates(
     unless oversubscription is allowed."""
     knob = KNOBS[name]
     if knob.choices:
-        return [Candidate(v, knob.env(v, cores), live=knob.live(v)) for v in knob.choices if v != rule]
+        return [Candidate(v, knob.env(v, cores), default=v == knob.stock, live=knob.live(v)) for v in knob.choices if v != rule]
     # Worker processes next to a training thread: at most cores - 1 of them, as the plan allows
     # (plan_dataloader_workers), unless oversubscription is.
     top = cores - 1 if knob.lowest == 0 and not allow_oversubscription else cores

@@ -311,10 +311,10 @@ def write_class(
     return written, messages
 
 
-# The model server's shape: a kept count of one was measured beside the other as the measured host's
-# options left it (provisioner.tune.knobs.serving_shape), and only where the plan takes it back
-# (the cores unless oversubscription is allowed, each worker's share of the memory budget).
-SERVER_SHAPE = ("plan_serving_workers", "plan_serving_threads_per_worker")
+# The model server's shape and allocator: a kept value of one was measured beside the others as the
+# measured host's options left them (provisioner.tune.knobs.planned), and only where the plan takes it
+# back (the cores unless oversubscription is allowed, each worker's share of the memory budget).
+SERVER_SHAPE = ("plan_serving_workers", "plan_serving_threads_per_worker", "plan_serving_allocator")
 SERVER_BOUNDS = (
     "plan_allow_oversubscription",
     "plan_serving_memory_share",

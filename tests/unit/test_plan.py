@@ -189,6 +189,7 @@ def test_trials_below_one_are_refused(trials):
         ({"plan_serving_threads_per_worker": "-1"}, "plan_serving_threads_per_worker must be 1 or more"),
         ({"plan_serving_memory_share": 0.95}, "plan_serving_memory_share must be above 0 and at most 0.9"),
         ({"plan_serving_memory_share": 0}, "plan_serving_memory_share must be above 0"),
+        ({"plan_serving_allocator": "tcmalloc"}, "plan_serving_allocator must be one of glibc, jemalloc"),
         ({"plan_ray_object_store_share": 0.7}, "plan_ray_object_store_share must be above 0 and at most 0.6"),
         ({"plan_ray_object_store_share": 0}, "plan_ray_object_store_share must be above 0"),
     ],

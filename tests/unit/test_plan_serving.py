@@ -87,6 +87,25 @@ def test_overrides_are_taken_and_the_rest_follows():
     assert "8 core(s) left" in serving["reasons"][2]
 
 
+def test_the_allocator_is_glibc_unless_the_option_says_jemalloc_and_a_tuned_one_says_why():
+    f = load("epyc_4545p")
+    plan = derive_plan(f)
+    assert plan.serving is not None and plan.serving["allocator"] == plan.value("serving_allocator") == "glibc"
+    assert plan.reason("serving_allocator").startswith("glibc: the system malloc; jemalloc (plan_serving_allocator)")
+    evidence = "1.08x over the rule (11 pairs, spread 2%, 2026-12-06)"
+    tuned = derive_plan(
+        f, PlanOptions.from_vars({"plan_serving_allocator": "JEMALLOC", "plan_tuned": {"serving_allocator": evidence}})
+    )
+    assert tuned.serving is not None and tuned.serving["allocator"] == "jemalloc"
+    assert tuned.reason("serving_allocator") == f"tuned: {evidence}; jemalloc: plan_serving_allocator " + (
+        "(preloaded into each worker through role allocator's drop-in)"
+    )
+    # Nothing else of the server moves with it.
+    assert {k: v for k, v in tuned.serving.items() if k not in ("allocator", "reasons")} == {
+        k: v for k, v in plan.serving.items() if k not in ("allocator", "reasons")
+    }
+
+
 def test_oversubscription_is_refused_naming_the_numbers_and_the_fix():
     with pytest.raises(
         PlanError, match=r"8 workers x 4 threads = 32 is more than the 16 physical cores.*plan_allow_oversubscription"
@@ -121,5 +140,6 @@ def test_the_section_travels_as_json():
         "memory_budget_bytes",
         "worker_memory_bytes",
         "cache_budget_bytes",
+        "allocator",
         "reasons",
     }

@@ -135,6 +135,7 @@ RENDER = [
     {"name": "Render", "ansible.builtin.include_role": {"name": "serving", "tasks_from": "preflight", "public": True}},
     {"name": "Config", "ansible.builtin.debug": {"msg": "{{ _serving_config_content }}"}},
     {"name": "Server files", "ansible.builtin.debug": {"msg": "{{ _serving_server_files }}"}},
+    {"name": "Jemalloc", "ansible.builtin.debug": {"msg": "{{ serving_jemalloc | bool }}"}},
     {
         "name": "Undo removes",
         "ansible.builtin.debug": {
@@ -158,6 +159,7 @@ RENDER_INPUT: dict[str, dict[str, Any]] = {
     "four-workers": {"provisioner_plan": PLAN, "serving_workers": 4, "serving_worker_cpus": [[0], [1], [4], [5]]},
     "one-worker": {"provisioner_plan": PLAN, "serving_workers": 1},
     "no-plan": {"serving_models": [{"name": "fraud", "version": "3"}]},
+    "jemalloc-plan": {"provisioner_plan": {"serving": {**PLAN["serving"], "allocator": "jemalloc"}}},
 }
 
 
@@ -186,6 +188,12 @@ def test_the_config_and_each_workers_slice_come_from_the_plan(render_run):
     lines = dropin.splitlines()
     assert "CPUAffinity=1 5" in lines and "MemoryMax=4000000000" in lines
     assert ("Environment=OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 NUMEXPR_NUM_THREADS=2") in lines
+
+
+def test_the_workers_get_jemalloc_where_the_plans_allocator_is_jemalloc(render_run):
+    jemalloc = {host: dict(render_run.results(host))["Jemalloc"]["msg"] for host in ("jemalloc-plan", "from-the-plan", "no-plan")}
+    # A plan recorded by a version without the allocator, and no plan at all: glibc's malloc, as before.
+    assert jemalloc == {"jemalloc-plan": True, "from-the-plan": False, "no-plan": False}
 
 
 def test_other_workers_than_the_plans_split_the_budget_and_drop_its_slices(render_run):

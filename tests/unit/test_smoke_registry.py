@@ -16,7 +16,13 @@ from provisioner.smoke.workloads import BY_NAME, WORKLOADS
 PACKAGE = Path(smoke.__file__).parent
 MODULES = sorted(p for p in (PACKAGE / "workloads").glob("*.py") if p.name != "__init__.py")
 # What a workload module may import from this package: the layers below the registry.
-BELOW = {"provisioner.smoke.base", "provisioner.smoke.hardware", "provisioner.smoke.target.ml", "provisioner.smoke.target.probe"}
+BELOW = {
+    "provisioner.smoke.base",
+    "provisioner.smoke.hardware",
+    "provisioner.smoke.target.http",
+    "provisioner.smoke.target.ml",
+    "provisioner.smoke.target.probe",
+}
 
 
 def test_every_workload_module_is_registered_once_under_its_file_name():

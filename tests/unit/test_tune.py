@@ -120,7 +120,24 @@ def test_the_servers_threads_and_workers_share_the_cores() -> None:
     # The serving workload searches the threads first: the workers' rule then follows the kept threads.
     from provisioner.smoke.workloads import serving
 
-    assert knobs.searchable(serving.KNOBS) == ["serving_threads_per_worker", "serving_workers"]
+    assert knobs.searchable(serving.KNOBS) == ["serving_threads_per_worker", "serving_workers", "serving_allocator"]
+
+
+def test_the_servers_allocator_is_the_other_one_measured_under_the_shape_kept() -> None:
+    plan = {"serving_threads_per_worker": 1, "serving_workers": 2, "serving_allocator": "glibc"}
+    (jemalloc,) = knobs.candidates("serving_allocator", rule="glibc", cores=2, kept={}, plan=plan)
+    assert (jemalloc.label, jemalloc.env, jemalloc.live) == ("jemalloc", {knobs.SERVING_ALLOCATOR: "jemalloc"}, ())
+    (glibc,) = knobs.candidates("serving_allocator", rule="jemalloc", cores=2, kept={}, plan=plan)
+    assert glibc.label == "glibc (library default)"
+    # A measurement runs the candidate's allocator with the shape kept before it, else the plan's.
+    kept = {knobs.SERVING_THREADS: "2"}
+    assert knobs.planned({**kept, **jemalloc.env}, plan, 2) == {
+        **plan, "serving_threads_per_worker": 2, "serving_workers": 1, "serving_allocator": "jemalloc"
+    }
+    assert knobs.planned({}, {k: v for k, v in plan.items() if k != "serving_allocator"}, 2)["serving_allocator"] == "glibc"
+    # The shape's studies are keyed by the plan's allocator too: measured under jemalloc, not resumed under glibc.
+    assert "serving_allocator" in knobs.KNOBS["serving_workers"].follows
+    assert knobs.KNOBS["serving_allocator"].option == "plan_serving_allocator"
 
 
 def test_thps_mode_is_a_kernel_knob_every_mode_a_candidate() -> None:
@@ -377,7 +394,7 @@ def test_a_workload_that_cannot_prepare_says_why_for_each_knob_and_measures_noth
     spec = {"workloads": ["serving", "features"], "knobs": [], "budget_s": 10_000}
     out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
     assert out["workloads"]["serving"]["knobs"] == {
-        k: {"skipped": why} for k in ("serving_threads_per_worker", "serving_workers")
+        k: {"skipped": why} for k in ("serving_threads_per_worker", "serving_workers", "serving_allocator")
     }
     assert out["workloads"]["features"]["knobs"]["polars_threads"]["candidates"]  # the run went on
 

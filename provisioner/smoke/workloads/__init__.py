@@ -19,7 +19,7 @@ from them what the target's parent runs: PROFILES, TASKS (the default run), CLUS
 workload run only when named, the Ray cluster's run among them) and WORKERS.
 
 The workload modules import provisioner.smoke.base, provisioner.smoke.hardware and the target's
-standard-library helpers (target.ml, target.probe) only; this registry imports them, and the
+standard-library helpers (target.ml, target.probe, target.http) only; this registry imports them, and the
 judgement and the target's parent import the registry, so no import circle forms.
 """
 

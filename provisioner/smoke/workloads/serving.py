@@ -17,7 +17,6 @@ import json
 import os
 import pwd
 import random
-import re
 import shutil
 import signal
 import socket
@@ -25,20 +24,19 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from ..base import FAIL, INFO, PASS, WARN, Check, Objective, _problem, against_limit, span
+from ..target.http import _http, allocator_env, parse_wrk
 from ..target.ml import _data, _missing, median
 from ..target.probe import core_groups, read
 
 NAME = "serving"
 # The plan values whose change moves its figures: what the tuner may search (registry: KNOBS).
-KNOBS: tuple[str, ...] = ("serving_threads_per_worker", "serving_workers", "allocator")
+KNOBS: tuple[str, ...] = ("serving_threads_per_worker", "serving_workers", "serving_allocator")
 # What `provisioner tune` optimises (tune_drive): a throwaway server of the candidate's workers x
-# threads, each worker on its own cores as the plan slices them, under wrk at the connections the
-# smoke check holds (SERVING_CONNECTIONS): its requests/s.
+# threads and allocator, each worker on its own cores as the plan slices them, under wrk at the
+# connections the smoke check holds (SERVING_CONNECTIONS): its requests/s.
 TUNE = Objective("requests/s at 8 connections", True, lambda r: float(r["requests_per_s"]))
 
 
@@ -179,52 +177,6 @@ wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = {body}
 """
-_TIME_UNITS_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0}
-
-
-def _ms(value: str, unit: str) -> float:
-    return float(value) * _TIME_UNITS_MS[unit]
-
-
-def parse_wrk(text: str) -> dict[str, Any]:
-    """wrk --latency output -> requests/s, latency percentiles (ms), requests, socket errors, non-2xx."""
-    rps = re.search(r"^Requests/sec:\s+([\d.]+)", text, re.M)
-    if not rps:
-        tail = text.strip().splitlines()
-        raise ValueError(f"wrk printed no Requests/sec line: {tail[-1] if tail else 'no output'}")
-    out: dict[str, Any] = {"requests_per_s": float(rps.group(1))}
-    for pct, value, unit in re.findall(r"^\s+(\d+(?:\.\d+)?)%\s+([\d.]+)(us|ms|s|m|h)\s*$", text, re.M):
-        out[f"p{float(pct):g}_ms"] = _ms(value, unit)
-    lat = re.search(r"^\s+Latency\s+([\d.]+)(us|ms|s|m|h)\s+[\d.]+\w+\s+([\d.]+)(us|ms|s|m|h)", text, re.M)
-    if lat:
-        out["mean_ms"], out["max_ms"] = _ms(lat.group(1), lat.group(2)), _ms(lat.group(3), lat.group(4))
-    done = re.search(r"^\s+(\d+) requests in ([\d.]+)(us|ms|s|m|h)", text, re.M)
-    if done:
-        out["requests"], out["seconds"] = int(done.group(1)), _ms(done.group(2), done.group(3)) / 1000
-    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
-    out["socket_errors"] = (
-        dict(zip(("connect", "read", "write", "timeout"), map(int, sock.groups()), strict=True)) if sock else {}
-    )
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
-    out["non_2xx"] = int(non2xx.group(1)) if non2xx else 0
-    return out
-
-
-def _http(url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, Any]:
-    """(status, JSON body or text) of a GET, or a POST of `body`; status 0 when nothing answers."""
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST" if body is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except (OSError, ValueError):
-        return 0, None
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode("utf-8", "replace")[:300]
 
 
 def deployed_server(path: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -391,10 +343,11 @@ def ship_server(source: str, workdir: str) -> str:
 
 
 def _start_throwaway(
-    runner: Any, serve: str, registry: str, workers: list[dict[str, Any]], procs: list[subprocess.Popen]
+    runner: Any, serve: str, registry: str, workers: list[dict[str, Any]], procs: list[subprocess.Popen], allocator: str | None
 ) -> tuple[str, float]:
-    """Start a throwaway model server of WORKERS on free loopback ports serving REGISTRY's smoke model (as the ML user
-    in tuned mode), each process into PROCS as it starts (the caller stops them); its URL and seconds until ready."""
+    """Start a throwaway model server of WORKERS with ALLOCATOR (allocator_env) on free loopback ports serving REGISTRY's smoke
+    model (as the ML user in tuned mode), each process into PROCS as it starts (the caller stops them); its URL and seconds
+    until ready."""
     args = runner.args
     port, admin = free_ports(1), free_ports(len(workers))
     config = {
@@ -414,7 +367,7 @@ def _start_throwaway(
     with open(cfg, "w", encoding="utf-8") as f:
         json.dump(config, f)
     os.chmod(cfg, 0o644)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runner.workdir, "LANG": "C.UTF-8"}
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runner.workdir, "LANG": "C.UTF-8", **allocator_env(allocator)}
     ids: dict[str, Any] = {}
     if args.mode == "tuned":
         pw = pwd.getpwnam(args.user)
@@ -502,7 +455,9 @@ def drive(runner: Any) -> dict[str, Any]:
     try:
         if target is None:
             workers, how = serving_workers(args.mode, runner.serving_plan)
-            url, ready_s = _start_throwaway(runner, serve, registry, workers, procs)
+            allocator = (runner.serving_plan or {}).get("allocator") if args.mode == "tuned" else None
+            how += "; jemalloc preloaded" if allocator == "jemalloc" else ""
+            url, ready_s = _start_throwaway(runner, serve, registry, workers, procs, allocator)
             out.update(
                 url=url,
                 workers=workers,
@@ -596,7 +551,8 @@ def tune_drive(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
     workers, how = tune_workers(values, core_groups())
     procs: list[subprocess.Popen] = []
     try:
-        url, ready_s = _start_throwaway(runner, state["serve"], state["registry"], workers, procs)
+        allocator = values.get("serving_allocator")
+        url, ready_s = _start_throwaway(runner, state["serve"], state["registry"], workers, procs, allocator)
         run_wrk(state["wrk"], state["lua"], url, SERVING_CONNECTIONS, 1)  # warm; not kept
         r = run_wrk(state["wrk"], state["lua"], url, SERVING_CONNECTIONS, s["serving_seconds"])
     except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
@@ -612,7 +568,7 @@ def tune_drive(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
     if failed or not r.get("requests_per_s"):
         return {"error": f"serving: {failed:,} failed requests at {SERVING_CONNECTIONS} connections ({how})"}
     figures = {"requests_per_s": r["requests_per_s"], "p99_ms": r.get("p99_ms"), "ready_s": ready_s}
-    return {**figures, "workers": len(workers), "threads": workers[0]["threads"], "workers_how": how}
+    return {**figures, "workers": len(workers), "threads": workers[0]["threads"], "workers_how": how, "allocator": allocator}
 
 
 # ---------------------------------------------------------------- control node

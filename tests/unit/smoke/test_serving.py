@@ -98,6 +98,20 @@ def test_without_the_serving_component_the_serving_workload_is_skipped_naming_it
     assert result == {"skipped": f"{absent} is not installed in this environment (component serving)"}
 
 
+def test_a_worker_gets_jemalloc_preloaded_only_for_the_jemalloc_allocator(monkeypatch, tmp_path):
+    from provisioner.smoke.target import http
+
+    lib = tmp_path / "x86_64-linux-gnu" / http.JEMALLOC
+    lib.parent.mkdir()
+    lib.write_bytes(b"")
+    monkeypatch.setattr(http.glob, "glob", lambda pattern: [str(lib)] if pattern.startswith("/usr/lib/*/") else [])
+    assert http.allocator_env(None) == http.allocator_env("glibc") == {}
+    assert http.allocator_env("jemalloc") == {"LD_PRELOAD": str(lib)}
+    monkeypatch.setattr(http.glob, "glob", lambda pattern: [])
+    with pytest.raises(RuntimeError, match=r"no libjemalloc\.so\.2 for allocator jemalloc .*libjemalloc2; role allocator"):
+        http.allocator_env("jemalloc")
+
+
 def test_free_ports_are_consecutive_and_free():
     import socket
 
