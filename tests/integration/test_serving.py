@@ -135,8 +135,9 @@ def served(lab_requirements):
     wheelhouse = bundle.build_wheelhouse(bundle.default_wheelhouse(), ["core", "gbdt", "serving"]).path
     server = lab.up(NAME)
     try:
-        # The roles the server needs, jemalloc for its workers included (role allocator's play
-        # and serving's both own that drop-in: the second run proves neither undoes the other).
+        # The roles the server needs, jemalloc for its workers included, as the plan gives it
+        # (plan_serving_allocator, which tune writes back): role allocator's play and serving's
+        # both own that drop-in, and the second run proves neither undoes the other.
         args = (
             "up",
             "-i",
@@ -150,7 +151,7 @@ def served(lab_requirements):
             "-e",
             "serving_enabled=true",
             "-e",
-            "serving_jemalloc=true",
+            "plan_serving_allocator=jemalloc",
             "-e",
             sources(("fraud", "1"), ("fraud", "2"), ("churn", "1")),
         )
