@@ -33,6 +33,7 @@ MODELS = ROOT / "molecule" / "serving" / "files" / "models"
 NAME = "pv-serve"
 PORT = 8300
 RUNS: dict[str, dict] = {}  # the fixture's two `up` runs
+ARGS: list[str] = []  # their arguments
 
 
 def cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -163,6 +164,7 @@ def served(lab_requirements):
         rc, second, r = cli_json(*args, "--tags", "allocator,serving", timeout=900)
         assert rc == ExitCode.OK, r.stdout[-3000:] + r.stderr
         RUNS.update(first=first, second=second)
+        ARGS[:] = args
         yield server
     finally:
         lab.down(NAME)
@@ -176,6 +178,25 @@ def test_a_second_up_changes_nothing_and_verifies(served):
     # The workers got jemalloc through role allocator's drop-in of their template.
     [pid] = ssh(served, "systemctl show -p MainPID --value provisioner-serve@0.service").stdout.split()
     assert "libjemalloc" in ssh(served, f"cat /proc/{pid}/maps").stdout
+
+
+def test_another_allocator_restarts_the_running_workers_with_it_and_back(served):
+    """The write-back's path both ways: glibc under --tags serving (serving's play takes the drop-in
+    away itself; verify judges by the plan this run applied, recorded under any --tags), then jemalloc
+    again with role allocator's play first (which writes the drop-in, so serving's sees nothing change
+    and must read what the workers loaded)."""
+    at = ARGS.index("plan_serving_allocator=jemalloc")
+    args = [*ARGS[: at - 1], *ARGS[at + 1 :]]  # that -e and its value out
+    dropin = "/etc/systemd/system/provisioner-serve@.service.d/60-provisioner-allocator.conf"
+    for allocator, tags in (("glibc", "serving"), ("jemalloc", "allocator,serving")):
+        before = {w["index"]: w["pid"] for w in workers(served)}
+        rc, data, r = cli_json(*args, "-e", f"plan_serving_allocator={allocator}", "--tags", tags)
+        assert rc == ExitCode.OK, (allocator, data and data.get("verify"), r.stderr[-3000:])
+        after = workers(served)
+        assert all(w["pid"] != before[w["index"]] for w in after), (allocator, before, after)
+        mapped = [("libjemalloc" in ssh(served, f"cat /proc/{w['pid']}/maps").stdout) for w in after]
+        assert mapped == [allocator == "jemalloc"] * len(after), allocator
+        assert (ssh(served, f"test -e {dropin}").returncode == 0) == (allocator == "jemalloc")
 
 
 @pytest.mark.parametrize(

@@ -136,6 +136,7 @@ RENDER = [
     {"name": "Config", "ansible.builtin.debug": {"msg": "{{ _serving_config_content }}"}},
     {"name": "Server files", "ansible.builtin.debug": {"msg": "{{ _serving_server_files }}"}},
     {"name": "Jemalloc", "ansible.builtin.debug": {"msg": "{{ serving_jemalloc | bool }}"}},
+
     {
         "name": "Undo removes",
         "ansible.builtin.debug": {
@@ -153,6 +154,18 @@ RENDER = [
         },
     },
 ]
+# Role allocator's own play after it, which does not see role serving's defaults: the units it
+# keeps a jemalloc drop-in for (a unit it leaves out, it takes the drop-in away from).
+ALLOCATOR_PLAY = {
+    "name": "Allocator",
+    "hosts": "all",
+    "gather_facts": False,
+    "vars": {"allocator_services": []},
+    "tasks": [
+        {"name": "Allocator's vars", "ansible.builtin.include_vars": {"file": str(ROOT / "roles/allocator/vars/main.yml")}},
+        {"name": "Allocator's units", "ansible.builtin.debug": {"msg": "{{ _allocator_units }}"}},
+    ],
+}
 # What each test below renders, in one ansible-playbook run: one host per input.
 RENDER_INPUT: dict[str, dict[str, Any]] = {
     "from-the-plan": {"provisioner_plan": PLAN},
@@ -160,12 +173,16 @@ RENDER_INPUT: dict[str, dict[str, Any]] = {
     "one-worker": {"provisioner_plan": PLAN, "serving_workers": 1},
     "no-plan": {"serving_models": [{"name": "fraud", "version": "3"}]},
     "jemalloc-plan": {"provisioner_plan": {"serving": {**PLAN["serving"], "allocator": "jemalloc"}}},
+    "jemalloc-plan-set-false": {
+        "provisioner_plan": {"serving": {**PLAN["serving"], "allocator": "jemalloc"}},
+        "serving_jemalloc": False,
+    },
 }
 
 
 @pytest.fixture(scope="module")
 def render_run(tmp_path_factory):
-    play = [{"name": "Serving", "hosts": "all", "gather_facts": False, "tasks": RENDER}]
+    play = [{"name": "Serving", "hosts": "all", "gather_facts": False, "tasks": RENDER}, ALLOCATOR_PLAY]
     hosts = {h: local_host({"serving_enabled": True, **extra}) for h, extra in RENDER_INPUT.items()}
     return run_cases(tmp_path_factory, "serving-render", play, hosts, cwd=ROOT)
 
@@ -191,9 +208,14 @@ def test_the_config_and_each_workers_slice_come_from_the_plan(render_run):
 
 
 def test_the_workers_get_jemalloc_where_the_plans_allocator_is_jemalloc(render_run):
-    jemalloc = {host: dict(render_run.results(host))["Jemalloc"]["msg"] for host in ("jemalloc-plan", "from-the-plan", "no-plan")}
-    # A plan recorded by a version without the allocator, and no plan at all: glibc's malloc, as before.
-    assert jemalloc == {"jemalloc-plan": True, "from-the-plan": False, "no-plan": False}
+    hosts = ("jemalloc-plan", "from-the-plan", "no-plan", "jemalloc-plan-set-false")
+    jemalloc = {host: dict(render_run.results(host))["Jemalloc"]["msg"] for host in hosts}
+    # A plan recorded by a version without the allocator, and no plan at all: glibc's malloc, as before;
+    # serving_jemalloc set for the host outranks the plan.
+    assert jemalloc == {"jemalloc-plan": True, "from-the-plan": False, "no-plan": False, "jemalloc-plan-set-false": False}
+    # Role allocator's play keeps the drop-in exactly where serving's gives the workers jemalloc.
+    units = {host: dict(render_run.results(host))["Allocator's units"]["msg"] for host in hosts}
+    assert units == {host: ["provisioner-serve@.service"] if jemalloc[host] else [] for host in hosts}
 
 
 def test_other_workers_than_the_plans_split_the_budget_and_drop_its_slices(render_run):
