@@ -339,11 +339,12 @@ def _run(
         base_live: knob_table.Live = ()
         # What a workload prepares once per run, outside the timed pairs (the model server's model):
         # where it cannot, its knobs are not searched and say why.
-        # Not for a run that stopped or has no time left, nor for knobs the plan lacks.
+        # Not for a run that stopped or has no time left, nor for knobs the plan lacks or a role variable outranks.
         prepare = getattr(module, "tune_prepare", None)
+        overridden = runner.plan.get("overridden") or {}
         needed = (
             prepare is not None
-            and any(runner.plan.get(k) is not None for k in wanted)
+            and any(runner.plan.get(k) is not None and k not in overridden for k in wanted)
             and not (search.stopped or HUNG_UP)
             and search.may_go_on(name)
         )
@@ -353,6 +354,13 @@ def _run(
             entry["knobs"] = {knob: {"skipped": unready} for knob in wanted}
             continue
         for knob in wanted:
+            by = overridden.get(knob)
+            if by:
+                entry["knobs"][knob] = {
+                    "skipped": f"{by[0]} is set for this host and ranks above plan_{knob}: a kept value would not be "
+                    f"applied; remove {by[0]} to let tune measure it"
+                }
+                continue
             rule = runner.plan.get(knob)
             if rule is None:
                 entry["knobs"][knob] = {"skipped": f"the plan has no {knob}: run provisioner up first"}

@@ -53,6 +53,7 @@ CHOICES = {
         "plan_tuned_profile": SOURCE.TUNED_PROFILES,
         "plan_storage_level": SOURCE.STORAGE_LEVELS,
         "plan_storage_backend": SOURCE.STORAGE_BACKENDS,
+        "plan_serving_allocator": (None, *SOURCE.SERVING_ALLOCATORS),
     },
     "storage": {"storage_level": SOURCE.STORAGE_LEVELS, "storage_backend": SOURCE.STORAGE_BACKENDS},
     "cpu_tuning": {
@@ -87,6 +88,7 @@ def test_module_and_action_documentation_agree_with_the_constants():
     assert tuple(action["plan_tuned_profile"]["choices"]) == SOURCE.TUNED_PROFILES
     assert tuple(action["plan_storage_level"]["choices"]) == SOURCE.STORAGE_LEVELS
     assert tuple(action["plan_storage_backend"]["choices"]) == SOURCE.STORAGE_BACKENDS
+    assert tuple(action["plan_serving_allocator"]["choices"]) == SOURCE.SERVING_ALLOCATORS
 
 
 def _copies(values: tuple[str, ...]) -> list[str]:
@@ -108,9 +110,10 @@ def _copies(values: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize(
     "name", ["THP_CHOICES", "TUNED_PROFILES", "STORAGE_LEVELS", "STORAGE_BACKENDS", "APPLY_LIVE_MODES",
-             "SYSTEM_MOUNTPOINTS", "SYSTEM_DIRECTORIES"])
+             "SYSTEM_MOUNTPOINTS", "SYSTEM_DIRECTORIES", "SERVING_ALLOCATORS"])
 def test_no_other_copy_of_a_choice_list(name):
-    assert _copies(getattr(SOURCE, name)) == []
+    # The tuner's knob is shipped in the smoke zipapp, which imports no constants: test_tune.py holds its copy equal.
+    assert _copies(getattr(SOURCE, name)) == (["provisioner/tune/knobs.py"] if name == "SERVING_ALLOCATORS" else [])
 
 
 def test_the_filter_gives_roles_the_constants():

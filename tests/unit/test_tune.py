@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from provisioner.constants import SERVING_ALLOCATORS
 from provisioner.errors import BadInput
 from provisioner.tune import classes, driver, knobs, live, pairs, proposal
 
@@ -132,12 +133,17 @@ def test_the_servers_allocator_is_the_other_one_measured_under_the_shape_kept() 
     # A measurement runs the candidate's allocator with the shape kept before it, else the plan's.
     kept = {knobs.SERVING_THREADS: "2"}
     assert knobs.planned({**kept, **jemalloc.env}, plan, 2) == {
-        **plan, "serving_threads_per_worker": 2, "serving_workers": 1, "serving_allocator": "jemalloc"
+        **plan,
+        "serving_threads_per_worker": 2,
+        "serving_workers": 1,
+        "serving_allocator": "jemalloc",
     }
     assert knobs.planned({}, {k: v for k, v in plan.items() if k != "serving_allocator"}, 2)["serving_allocator"] == "glibc"
     # The shape's studies are keyed by the plan's allocator too: measured under jemalloc, not resumed under glibc.
     assert "serving_allocator" in knobs.KNOBS["serving_workers"].follows
     assert knobs.KNOBS["serving_allocator"].option == "plan_serving_allocator"
+    # The plan's choices (the zipapp's copy: it imports no constants), the stock one glibc's.
+    assert knobs.KNOBS["serving_allocator"].choices == SERVING_ALLOCATORS and knobs.KNOBS["serving_allocator"].stock == "glibc"
 
 
 def test_thps_mode_is_a_kernel_knob_every_mode_a_candidate() -> None:
@@ -321,6 +327,51 @@ def test_the_servers_threads_are_kept_then_its_workers_measured_against_the_plan
     assert workers["rule"] == 2 and [c["value"] for c in workers["candidates"]] == [1] and workers["tuned"] is None
     assert set(shapes) == {(4, 1), (2, 2), (1, 3), (1, 4), (1, 2)} and box.runs == []
     assert prepared == [box]  # the model made once, before any pair was timed
+
+
+def test_the_servers_allocator_is_kept_where_it_wins_and_left_alone_where_a_role_variable_outranks_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from provisioner.smoke.workloads import serving
+
+    rng = random.Random(5)
+    seen: list[tuple[str, int]] = []
+
+    def measured(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
+        runner.now += 10
+        seen.append((values["serving_allocator"], values["serving_workers"]))
+        return {"requests_per_s": 100 * rng.gauss(1, 0.02) * (1.2 if values["serving_allocator"] == "jemalloc" else 1.0)}
+
+    monkeypatch.setattr(serving, "tune_prepare", lambda runner: {})
+    monkeypatch.setattr(serving, "tune_drive", measured)
+    box = Box({}, gain=1.0)
+    box.plan = {"serving_threads_per_worker": 1, "serving_workers": 2, "serving_allocator": "glibc"}
+    spec = {"workloads": ["serving"], "knobs": ["serving_allocator"], "budget_s": 100_000}
+    got = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path / "a")), clock=box.clock)["workloads"]["serving"]["knobs"]
+    assert got["serving_allocator"]["rule"] == "glibc" and got["serving_allocator"]["tuned"]["value"] == "jemalloc"
+    assert {a for a, _ in seen} == {"glibc", "jemalloc"}
+    # serving_jemalloc set for the host (spec "overridden"): what runs is jemalloc whatever the plan says, so
+    # the allocator is not searched (a kept value would not be applied) and the shape is measured under it.
+    seen.clear()
+    box = Box({}, gain=1.0)
+    box.plan = {
+        "serving_threads_per_worker": 1,
+        "serving_workers": 2,
+        "serving_allocator": "jemalloc",
+        "overridden": {"serving_allocator": ["serving_jemalloc", "jemalloc"]},
+    }
+    spec = {"workloads": ["serving"], "knobs": ["serving_workers", "serving_allocator"], "budget_s": 100_000}
+    got = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path / "b")), clock=box.clock)["workloads"]["serving"]["knobs"]
+    assert got["serving_allocator"] == {
+        "skipped": "serving_jemalloc is set for this host and ranks above plan_serving_allocator: a kept value would not "
+        "be applied; remove serving_jemalloc to let tune measure it"
+    }
+    assert got["serving_workers"]["candidates"] and {a for a, _ in seen} == {"jemalloc"}
+    # Nothing is prepared (the model trained) for the allocator alone where it is not searched.
+    monkeypatch.setattr(serving, "tune_prepare", lambda runner: pytest.fail("prepared"))
+    spec = {"workloads": ["serving"], "knobs": ["serving_allocator"], "budget_s": 100_000}
+    got = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path / "c")), clock=box.clock)["workloads"]["serving"]["knobs"]
+    assert list(got) == ["serving_allocator"] and "skipped" in got["serving_allocator"]
 
 
 def test_a_servers_study_resumes_only_under_the_same_plan_shape_and_server_code(

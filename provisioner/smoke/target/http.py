@@ -3,10 +3,10 @@ output read, one HTTP request, and the environment a worker gets for the plan's 
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
+import sysconfig
 import urllib.error
 import urllib.request
 from typing import Any
@@ -62,14 +62,35 @@ def _http(url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[in
 JEMALLOC = "libjemalloc.so.2"  # role allocator's library (Debian's libjemalloc2)
 
 
+def lib_dirs() -> list[str]:
+    """Where this host's own libraries are: Debian's directory of its architecture (this Python's, the
+    system one), then /usr/lib; never another architecture's (a library ld.so would ignore)."""
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    return [*([f"/usr/lib/{multiarch}"] if multiarch else []), "/usr/lib"]
+
+
 def allocator_env(allocator: str | None) -> dict[str, str]:
     """What a worker's environment gets for ALLOCATOR (the plan's serving allocator), as role allocator's
     drop-in gives it: jemalloc's library in LD_PRELOAD; glibc's malloc: nothing."""
     if allocator in (None, "glibc"):
         return {}
-    found = sorted(glob.glob(f"/usr/lib/*/{JEMALLOC}") + glob.glob(f"/usr/lib/{JEMALLOC}"))
+    found = [os.path.join(d, JEMALLOC) for d in lib_dirs() if os.path.exists(os.path.join(d, JEMALLOC))]
     if allocator != "jemalloc" or not found:
         raise RuntimeError(
             f"no {JEMALLOC} for allocator {allocator} (the Debian package libjemalloc2; role allocator installs it)"
         )
     return {"LD_PRELOAD": os.path.realpath(found[0])}
+
+
+def check_loaded(pids: list[int], env: dict[str, str]) -> None:
+    """Raise unless every process of PIDS mapped the library ENV preloads (ld.so ignores one it
+    cannot load, with a warning only: the measurement would be glibc's under jemalloc's name)."""
+    library = env.get("LD_PRELOAD")
+    for i, pid in enumerate(pids):
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+                mapped = library in f.read() if library else True
+        except OSError as exc:
+            raise RuntimeError(f"model server worker {i}: cannot read its memory map ({exc})") from None
+        if not mapped:
+            raise RuntimeError(f"model server worker {i} did not load {library} (LD_PRELOAD ignored)")

@@ -290,6 +290,9 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
         runner = Runner(args, script, workdir, int(plan.get("threads_per_job") or cpu["physical_cores"]), 1)
         # With the values the inventory's options fix (spec "fixed"): the knobs that follow others read it.
         runner.plan, runner.cpu = {**plan, "fixed": list(spec.get("fixed") or [])}, cpu
+        # A plan value a role variable outranks (spec "overridden"): the value that variable gives.
+        overridden = {k: list(v) for k, v in (spec.get("overridden") or {}).items()}
+        runner.plan.update({k: v[1] for k, v in overridden.items()}, overridden=overridden)
         runner.code = os.path.basename(running_archive() or "")  # provisioner_smoke-<sha12>.pyz
         state_dir = args.state_dir or driver.STATE_DIR
         out = driver.locked(
@@ -352,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--user", required=True, help="run the workloads as this user in a login shell")
     t.add_argument("--plan", default=PLAN_FILE)
     t.add_argument(
-        "--spec", required=True, help="JSON: workloads, knobs (null: all), budget_s, force, allow_oversubscription, fixed"
+        "--spec",
+        required=True,
+        help="JSON: workloads, knobs (null: all), budget_s, force, allow_oversubscription, fixed, overridden",
     )
     t.add_argument("--state-dir", default=None, help="where the Optuna studies are kept (default /var/lib/provisioner/tune)")
     t.add_argument(

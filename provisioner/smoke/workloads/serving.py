@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from ..base import FAIL, INFO, PASS, WARN, Check, Objective, _problem, against_limit, span
-from ..target.http import _http, allocator_env, parse_wrk
+from ..target.http import _http, allocator_env, check_loaded, parse_wrk
 from ..target.ml import _data, _missing, median
 from ..target.probe import core_groups, read
 
@@ -367,7 +367,8 @@ def _start_throwaway(
     with open(cfg, "w", encoding="utf-8") as f:
         json.dump(config, f)
     os.chmod(cfg, 0o644)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runner.workdir, "LANG": "C.UTF-8", **allocator_env(allocator)}
+    preload = allocator_env(allocator)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": runner.workdir, "LANG": "C.UTF-8", **preload}
     ids: dict[str, Any] = {}
     if args.mode == "tuned":
         pw = pwd.getpwnam(args.user)
@@ -389,6 +390,7 @@ def _start_throwaway(
             )
     t0 = time.monotonic()
     _wait_ready(procs, admin, logs)
+    check_loaded([p.pid for p in procs], preload)
     return f"http://127.0.0.1:{port}/v1/models/smoke/1/predict", round(time.monotonic() - t0, 2)
 
 
@@ -549,9 +551,10 @@ def tune_drive(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
         return {"error": "serving: nothing prepared for the measurement (tune_prepare did not succeed)"}
     s = SIZES[runner.args.profile]
     workers, how = tune_workers(values, core_groups())
+    allocator = values.get("serving_allocator")
+    how += "; jemalloc preloaded" if allocator == "jemalloc" else ""
     procs: list[subprocess.Popen] = []
     try:
-        allocator = values.get("serving_allocator")
         url, ready_s = _start_throwaway(runner, state["serve"], state["registry"], workers, procs, allocator)
         run_wrk(state["wrk"], state["lua"], url, SERVING_CONNECTIONS, 1)  # warm; not kept
         r = run_wrk(state["wrk"], state["lua"], url, SERVING_CONNECTIONS, s["serving_seconds"])

@@ -4,6 +4,7 @@ server's readiness, the skips, the free ports."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -101,15 +102,28 @@ def test_without_the_serving_component_the_serving_workload_is_skipped_naming_it
 def test_a_worker_gets_jemalloc_preloaded_only_for_the_jemalloc_allocator(monkeypatch, tmp_path):
     from provisioner.smoke.target import http
 
-    lib = tmp_path / "x86_64-linux-gnu" / http.JEMALLOC
-    lib.parent.mkdir()
-    lib.write_bytes(b"")
-    monkeypatch.setattr(http.glob, "glob", lambda pattern: [str(lib)] if pattern.startswith("/usr/lib/*/") else [])
+    # Debian's directory of this Python's architecture, never another's (ld.so would ignore it).
+    assert http.lib_dirs()[-1] == "/usr/lib" and all("i386" not in d for d in http.lib_dirs())
+    native, other = tmp_path / "x86_64-linux-gnu", tmp_path / "i386-linux-gnu"
+    for d in (native, other):
+        d.mkdir()
+        (d / http.JEMALLOC).write_bytes(b"")
+    monkeypatch.setattr(http, "lib_dirs", lambda: [str(native), str(tmp_path)])
     assert http.allocator_env(None) == http.allocator_env("glibc") == {}
-    assert http.allocator_env("jemalloc") == {"LD_PRELOAD": str(lib)}
-    monkeypatch.setattr(http.glob, "glob", lambda pattern: [])
+    assert http.allocator_env("jemalloc") == {"LD_PRELOAD": str(native / http.JEMALLOC)}
+    monkeypatch.setattr(http, "lib_dirs", lambda: [str(tmp_path)])
     with pytest.raises(RuntimeError, match=r"no libjemalloc\.so\.2 for allocator jemalloc .*libjemalloc2; role allocator"):
         http.allocator_env("jemalloc")
+
+
+def test_a_worker_that_did_not_map_the_preloaded_library_fails_the_measurement():
+    from provisioner.smoke.target import http
+
+    libc = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libc.so" in line)
+    http.check_loaded([os.getpid()], {"LD_PRELOAD": libc})  # mapped: nothing said
+    http.check_loaded([os.getpid()], {})  # glibc's malloc: nothing to check
+    with pytest.raises(RuntimeError, match=r"worker 0 did not load /usr/lib/x/libjemalloc\.so\.2 \(LD_PRELOAD ignored\)"):
+        http.check_loaded([os.getpid()], {"LD_PRELOAD": "/usr/lib/x/libjemalloc.so.2"})
 
 
 def test_free_ports_are_consecutive_and_free():
