@@ -357,8 +357,9 @@ def _run(
             by = overridden.get(knob)
             if by:
                 entry["knobs"][knob] = {
-                    "skipped": f"{by[0]} is set for this host and ranks above plan_{knob}: a kept value would not be "
-                    f"applied; remove {by[0]} to let tune measure it"
+                    "skipped": f"{by[0]} is set for this host (its inventory, or an -e that up recorded) and ranks above "
+                    f"plan_{knob}: a kept value would not be applied; remove it (from the inventory, or `up -e` it "
+                    "no more) to let tune measure it"
                 }
                 continue
             rule = runner.plan.get(knob)

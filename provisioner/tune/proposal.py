@@ -316,6 +316,7 @@ def write_class(
 # back (the cores unless oversubscription is allowed, each worker's share of the memory budget).
 SERVER_SHAPE = ("plan_serving_workers", "plan_serving_threads_per_worker", "plan_serving_allocator")
 SERVER_BOUNDS = (
+    "serving_jemalloc",  # outranks plan_serving_allocator: a member's own runs another allocator
     "plan_allow_oversubscription",
     "plan_serving_memory_share",
     "plan_hugepages_size",

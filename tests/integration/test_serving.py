@@ -181,14 +181,14 @@ def test_a_second_up_changes_nothing_and_verifies(served):
 
 
 def test_another_allocator_restarts_the_running_workers_with_it_and_back(served):
-    """The write-back's path both ways: glibc under --tags serving (serving's play takes the drop-in
-    away itself; verify judges by the plan this run applied, recorded under any --tags), then jemalloc
-    again with role allocator's play first (which writes the drop-in, so serving's sees nothing change
-    and must read what the workers loaded)."""
+    """The write-back's path both ways: glibc without role allocator's play (serving's takes the drop-in
+    away itself; role common's configure phase records the plan verify judges by), then jemalloc again
+    with role allocator's play first (which writes the drop-in, so serving's sees nothing change and
+    must read what the workers loaded)."""
     at = ARGS.index("plan_serving_allocator=jemalloc")
     args = [*ARGS[: at - 1], *ARGS[at + 1 :]]  # that -e and its value out
     dropin = "/etc/systemd/system/provisioner-serve@.service.d/60-provisioner-allocator.conf"
-    for allocator, tags in (("glibc", "serving"), ("jemalloc", "allocator,serving")):
+    for allocator, tags in (("glibc", "common_configure,serving"), ("jemalloc", "common_configure,allocator,serving")):
         before = {w["index"]: w["pid"] for w in workers(served)}
         rc, data, r = cli_json(*args, "-e", f"plan_serving_allocator={allocator}", "--tags", tags)
         assert rc == ExitCode.OK, (allocator, data and data.get("verify"), r.stderr[-3000:])

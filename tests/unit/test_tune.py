@@ -363,8 +363,9 @@ def test_the_servers_allocator_is_kept_where_it_wins_and_left_alone_where_a_role
     spec = {"workloads": ["serving"], "knobs": ["serving_workers", "serving_allocator"], "budget_s": 100_000}
     got = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path / "b")), clock=box.clock)["workloads"]["serving"]["knobs"]
     assert got["serving_allocator"] == {
-        "skipped": "serving_jemalloc is set for this host and ranks above plan_serving_allocator: a kept value would not "
-        "be applied; remove serving_jemalloc to let tune measure it"
+        "skipped": "serving_jemalloc is set for this host (its inventory, or an -e that up recorded) and ranks above "
+        "plan_serving_allocator: a kept value would not be applied; remove it (from the inventory, or `up -e` it no "
+        "more) to let tune measure it"
     }
     assert got["serving_workers"]["candidates"] and {a for a, _ in seen} == {"jemalloc"}
     # Nothing is prepared (the model trained) for the allocator alone where it is not searched.
@@ -729,6 +730,17 @@ def test_a_member_whose_own_server_option_differs_from_the_measured_hosts_is_nam
     assert said[1:] == [
         "box2: plan_serving_memory_share is 0.2 there, None on box1, where the model server was measured; its plan "
         "gives another server than the one measured, or refuses it: set it as on box1, or tune box2 on its own"
+    ], said
+    # A kept allocator, where a member's own serving_jemalloc outranks the plan there.
+    third = tmp_path / "third"
+    (third / "host_vars").mkdir(parents=True)
+    (third / "hosts.json").write_text((other / "hosts.json").read_text())
+    (third / "host_vars" / "box2.yml").write_text("---\nserving_jemalloc: true\n")
+    allocator = proposal.Row("box1", "serving", "serving_allocator", "glibc", tuned="jemalloc", gain=1.1, spread=0.02, pairs=11)
+    _, said = proposal.write_class(third / "hosts.json", PRINT, [allocator], ["box1", "box2"], day="2026-12-05")
+    assert said[1:] == [
+        "box2: serving_jemalloc is True there, None on box1, where the model server was measured; its plan gives "
+        "another server than the one measured, or refuses it: set it as on box1, or tune box2 on its own"
     ], said
 
 
