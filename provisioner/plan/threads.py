@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from provisioner.plan.base import PlanError, Setting, _get, _need
@@ -61,6 +61,17 @@ def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
     ]
 
 
+def _per_job(
+    name: str, cores: int, options: PlanOptions, warnings: list[str], what: str, rule: str, carried: Callable[[int], str]
+) -> tuple[int, str]:
+    """One job's pool: the physical cores with the reason RULE, else plan_NAME's count (_chosen) with
+    what carries it (CARRIED, given the count)."""
+    value = getattr(options, name)
+    if value is None:
+        return cores, rule
+    return value, _chosen(f"plan_{name}", value, cores, options, warnings, what) + carried(value)
+
+
 def _chosen(option: str, value: int, cores: int, options: PlanOptions, warnings: list[str], what: str) -> str:
     """The start of the reason for a count an option set ("4: plan_trials"). Above the physical
     cores it is refused, naming the value and the fix, unless plan_allow_oversubscription keeps
@@ -92,32 +103,20 @@ def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warning
         sockets = 1
     inter = min(sockets, cores)
     per_socket = "one per socket" if sockets > 1 else "one socket"
-    if options.polars_threads is None:
-        polars = cores
-        polars_reason = (
-            f"{cores}: POLARS_MAX_THREADS = threads_per_job; Polars sizes its pool once, at first use, "
-            "from the logical CPUs otherwise (Polars docs)"
-        )
-    else:
-        polars = options.polars_threads
-        polars_reason = (
-            _chosen("plan_polars_threads", polars, cores, options, warnings, "Polars threads")
-            + f"; POLARS_MAX_THREADS, Polars' pool of one job instead of threads_per_job ({cores}); Polars sizes "
-            "its pool once, at first use (Polars docs)"
-        )
-    if options.joblib_workers is None:
-        joblib = cores
-        joblib_reason = (
-            f"{cores}: LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts one worker per "
-            "physical core, not per logical CPU (loky cpu_count; scikit-learn parallelism docs)"
-        )
-    else:
-        joblib = options.joblib_workers
-        joblib_reason = (
-            _chosen("plan_joblib_workers", joblib, cores, options, warnings, "joblib workers")
-            + f"; LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts {joblib} worker(s) instead of "
-            f"one per physical core ({cores}) (loky cpu_count; scikit-learn parallelism docs)"
-        )
+    polars, polars_reason = _per_job(
+        "polars_threads", cores, options, warnings, "Polars threads",
+        f"{cores}: POLARS_MAX_THREADS = threads_per_job; Polars sizes its pool once, at first use, "
+        "from the logical CPUs otherwise (Polars docs)",
+        lambda _: f"; POLARS_MAX_THREADS, Polars' pool of one job instead of threads_per_job ({cores}); Polars sizes "
+        "its pool once, at first use (Polars docs)",
+    )  # fmt: skip
+    joblib, joblib_reason = _per_job(
+        "joblib_workers", cores, options, warnings, "joblib workers",
+        f"{cores}: LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts one worker per "
+        "physical core, not per logical CPU (loky cpu_count; scikit-learn parallelism docs)",
+        lambda n: f"; LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts {n} worker(s) instead of "
+        f"one per physical core ({cores}) (loky cpu_count; scikit-learn parallelism docs)",
+    )  # fmt: skip
     return [
         Setting("polars_threads", polars, polars_reason),
         Setting(
