@@ -87,6 +87,9 @@ options:
   plan_joblib_workers:
     description: joblib/loky workers of one job; null is one per physical core. Above the physical cores only with plan_allow_oversubscription.
     type: int
+  plan_arrow_io_threads:
+    description: Arrow's IO pool of one job (ARROW_IO_THREADS); null is Arrow's default, 8. Not bounded by the cores (IO threads wait on the drive).
+    type: int
   plan_tuned:
     description:
       - Plan value -> evidence, written by C(provisioner tune --write).

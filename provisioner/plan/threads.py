@@ -87,6 +87,22 @@ def _chosen(option: str, value: int, cores: int, options: PlanOptions, warnings:
     return f"{value}: {option}, above {cores} physical cores (plan_allow_oversubscription: true)"
 
 
+def arrow_io_setting(options: PlanOptions) -> Setting:
+    """Arrow's IO pool: its own default, 8, unless plan_arrow_io_threads sets it (what `provisioner
+    tune --write` measured on the Parquet scan). IO threads wait on the drive, not on a core, so
+    neither is bounded by the cores."""
+    why = "IO threads wait on the drive, not on a core, so they are not sized by the cores (Arrow docs, thread pools)"
+    if options.arrow_io_threads is None:
+        return Setting("arrow_io_threads", ARROW_IO_THREADS, f"{ARROW_IO_THREADS}: ARROW_IO_THREADS, Arrow's own default; {why}")
+    value = options.arrow_io_threads
+    return Setting(
+        "arrow_io_threads",
+        value,
+        f"{value}: plan_arrow_io_threads; ARROW_IO_THREADS, Arrow's IO pool of one job instead of its own default "
+        f"({ARROW_IO_THREADS}); {why}",
+    )
+
+
 def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[str]) -> list[Setting]:
     """The thread pools of the other runtimes for one job: Polars, Arrow, TensorFlow, PyTorch's
     inter-op pool, joblib/loky.  See docs/tuning.md, 'Threads' ('Other runtimes').
@@ -125,12 +141,7 @@ def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warning
             f"{cores}: Arrow's CPU pool reads OMP_NUM_THREADS (threads_per_job), else the logical CPUs; "
             "pyarrow.set_cpu_count() per process (Arrow docs, thread pools)",
         ),
-        Setting(
-            "arrow_io_threads",
-            ARROW_IO_THREADS,
-            f"{ARROW_IO_THREADS}: ARROW_IO_THREADS, Arrow's own default; IO threads wait on the drive, "
-            "not on a core, so they are not sized by the cores (Arrow docs, thread pools)",
-        ),
+        arrow_io_setting(options),
         Setting(
             "tf_intra_op_threads",
             cores,

@@ -132,10 +132,11 @@ class _Search:
             self.live.set(with_live(tuple(self.live.original.items()), live))
         from ..smoke.workloads import BY_NAME
 
-        # A workload with a root-parent step (the model server) measures a candidate there, else its worker does.
+        # A workload with a root-parent step (the model server, the Parquet scan's cold cache) measures a
+        # candidate there, else its worker does.
         tune_drive = getattr(BY_NAME[workload], "tune_drive", None)
         if tune_drive:
-            result = tune_drive(self.runner, knob_table.planned(env, self.runner.plan, self.cores))
+            result = tune_drive(self.runner, knob_table.planned(env, self.runner.plan, self.cores), env)
         else:
             result = self.runner.worker(workload, tune=True, env=env)
         if "error" in result or "skipped" in result:

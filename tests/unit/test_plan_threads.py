@@ -245,7 +245,21 @@ def test_an_own_count_above_the_cores_when_allowed_warns(key):
     ]
 
 
-@pytest.mark.parametrize("key", COUNT_OPTIONS)
+@pytest.mark.parametrize("value", [1, 4, 64])
+def test_arrow_io_threads_set_by_its_option_are_not_bounded_by_the_cores(value):
+    """IO threads wait on the drive: any count of one or more is kept, on 4 cores, with no warning."""
+    before = derive_plan(load("laptop_4c"))
+    plan = derive_plan(load("laptop_4c"), PlanOptions.from_vars({"plan_arrow_io_threads": str(value)}))
+    assert plan.value("arrow_io_threads") == value
+    reason = plan.reason("arrow_io_threads")
+    assert reason.startswith(f"{value}: plan_arrow_io_threads; ARROW_IO_THREADS") and "default (8)" in reason, reason
+    moved = {k for k, v in plan.to_dict()["values"].items() if before.to_dict()["values"][k] != v}
+    assert moved == ({"arrow_io_threads"} if value != 8 else set())
+    assert plan.warnings == before.warnings
+    assert before.value("arrow_io_threads") == 8 and "Arrow's own default" in before.reason("arrow_io_threads")
+
+
+@pytest.mark.parametrize("key", [*COUNT_OPTIONS, "arrow_io_threads"])
 @pytest.mark.parametrize(
     ("value", "match"),
     [(0, "must be 1 or more"), ("-2", "must be 1 or more"), ("four", "must be a whole number"), (True, "must be a whole number")],

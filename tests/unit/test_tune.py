@@ -97,6 +97,70 @@ def test_candidates_within_the_cores() -> None:
             assert {s.key: s.value for s in plan.settings}[name] == c.value, (name, c.value)
 
 
+def test_arrows_io_pool_counts_to_the_cores_and_its_own_eight_whatever_the_cores() -> None:
+    # Its threads wait on the drive: Arrow's own 8 is a candidate on 2 cores, without oversubscription.
+    got = knobs.candidates("arrow_io_threads", rule=2, cores=2, logical=4)
+    assert [c.label for c in got] == ["1", "8 (library default)"]
+    assert got[1].env == {"ARROW_IO_THREADS": "8"}
+    # The rule is Arrow's own 8 (the plan's default): every count to the cores against it.
+    assert [c.value for c in knobs.candidates("arrow_io_threads", rule=8, cores=2)] == [1, 2]
+    many = knobs.candidates("arrow_io_threads", rule=4, cores=16)
+    assert [c.value for c in many] == [v for v in range(1, 17) if v != 4] and many[6].label == "8 (library default)"
+
+
+def test_the_parquet_scan_is_measured_cold_with_the_candidates_io_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from provisioner.smoke.workloads import parquet
+
+    dropped: list[int] = []
+    monkeypatch.setattr(parquet, "drop_caches", lambda: dropped.append(1))
+
+    class ParquetBox(Box):
+        tune_state: dict[str, Any]  # the runner's: what a workload's tune_prepare made
+
+        def worker(self, task: str, env: dict[str, str | None] | None = None, **extra: Any) -> dict[str, Any]:
+            self.now += 2
+            if task == "parquet_write":
+                assert env is None and not extra  # written once, as the smoke test writes it
+                return {"path": "/data/smoke.parquet", "file_bytes": 2 * 10**9}
+            assert task == "parquet_scan" and extra == {"path": "/data/smoke.parquet", "tune": True}, (task, extra)
+            count = int((env or {}).get("ARROW_IO_THREADS") or 8)
+            self.runs.append(dict(env or {}))
+            seconds = self.rng.gauss(1, 0.02) / (1.3 if count == 2 else 1.0)
+            return {"seconds": seconds, "decoded_bytes": 3 * 10**9, "io_threads": count}
+
+    box = ParquetBox({}, gain=1.0)
+    box.plan, box.tune_state = {"arrow_io_threads": 8}, {}
+    spec = {"workloads": ["parquet"], "knobs": [], "budget_s": 100_000}
+    out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
+    got = out["workloads"]["parquet"]
+    assert got["unit"] == "GB/s scanned"
+    io = got["knobs"]["arrow_io_threads"]
+    assert io["rule"] == 8 and [c["value"] for c in io["candidates"]] == [1, 2] and io["tuned"]["value"] == 2
+    # Every scan ran cold (the cache dropped first), each side with its own count (the rule's 8 too).
+    assert len(dropped) == len(box.runs) and {r.get("ARROW_IO_THREADS") for r in box.runs} == {"8", "1", "2"}
+
+
+def test_a_scan_whose_io_pool_is_not_the_candidates_is_an_error_not_a_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from provisioner.smoke.workloads import parquet
+
+    monkeypatch.setattr(parquet, "drop_caches", lambda: "cannot drop the page cache: warm-cache figures")
+
+    class Runner:
+        def __init__(self, state: dict[str, Any]) -> None:
+            self.tune_state = state
+
+        def worker(self, task: str, env: Any = None, **extra: Any) -> dict[str, Any]:
+            return {"seconds": 0.5, "decoded_bytes": 10**9, "io_threads": 8}
+
+    runner = Runner({"parquet": {"path": "/data/smoke.parquet", "file_bytes": 10**9}})
+    ok = parquet.tune_drive(runner, {}, {"ARROW_IO_THREADS": None})
+    assert ok["scan_gbps"] == 2.0 and ok["cold_cache"] is False and "warm-cache" in ok["cache_note"]
+    assert parquet.tune_drive(runner, {}, {"ARROW_IO_THREADS": "2"}) == {
+        "error": "parquet: the scan ran with 8 IO threads, not ARROW_IO_THREADS=2"
+    }
+    assert "nothing prepared" in parquet.tune_drive(Runner({}), {}, {})["error"]
+
+
 def test_the_servers_threads_and_workers_share_the_cores() -> None:
     plan = {"serving_threads_per_worker": 2, "serving_workers": 4}  # 8 cores: the rule's 8 // 2 workers
     threads = knobs.candidates("serving_threads_per_worker", rule=2, cores=8, kept={}, plan=plan)
@@ -300,7 +364,7 @@ def test_the_servers_threads_are_kept_then_its_workers_measured_against_the_plan
     shapes: list[tuple[int, int]] = []
     rng = random.Random(3)
 
-    def measured(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
+    def measured(runner: Any, values: dict[str, Any], _env: Any = None) -> dict[str, Any]:
         # The model server's own step measures (not a worker in the user's shell), reading the plan's
         # values as the candidate makes them: 2 workers x 2 threads win.
         box.now += 10
@@ -337,7 +401,7 @@ def test_the_servers_allocator_is_kept_where_it_wins_and_left_alone_where_a_role
     rng = random.Random(5)
     seen: list[tuple[str, int]] = []
 
-    def measured(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
+    def measured(runner: Any, values: dict[str, Any], _env: Any = None) -> dict[str, Any]:
         runner.now += 10
         seen.append((values["serving_allocator"], values["serving_workers"]))
         return {"requests_per_s": 100 * rng.gauss(1, 0.02) * (1.2 if values["serving_allocator"] == "jemalloc" else 1.0)}
@@ -384,7 +448,7 @@ def test_a_servers_study_resumes_only_under_the_same_plan_shape_and_server_code(
     box.cpu = {"physical_cores": 4, "logical_cpus": 4}
     monkeypatch.setattr(serving, "tune_prepare", lambda runner: {})
 
-    def measured(_runner: Any, values: dict[str, Any]) -> dict[str, Any]:
+    def measured(_runner: Any, values: dict[str, Any], _env: Any = None) -> dict[str, Any]:
         box.now += 10
         return {"requests_per_s": 100 * box.rng.gauss(1, 0.02)}
 
@@ -442,7 +506,7 @@ def test_a_workload_that_cannot_prepare_says_why_for_each_knob_and_measures_noth
     box.plan = {"serving_threads_per_worker": 1, "serving_workers": 2, "polars_threads": 2}
     why = "uvicorn is not installed (the mlstack component serving)"
     monkeypatch.setattr(serving, "tune_prepare", lambda runner: {"skipped": why})
-    monkeypatch.setattr(serving, "tune_drive", lambda runner, values: pytest.fail("measured"))
+    monkeypatch.setattr(serving, "tune_drive", lambda runner, values, env: pytest.fail("measured"))
     spec = {"workloads": ["serving", "features"], "knobs": [], "budget_s": 10_000}
     out = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path)), clock=box.clock)
     assert out["workloads"]["serving"]["knobs"] == {

@@ -543,8 +543,9 @@ def tune_prepare(runner: Any) -> dict[str, Any]:
     return {}
 
 
-def tune_drive(runner: Any, values: dict[str, Any]) -> dict[str, Any]:
-    """One tune measurement: a throwaway server shaped by VALUES (tune_workers) under wrk at SERVING_CONNECTIONS
+def tune_drive(runner: Any, values: dict[str, Any], _env: Any = None) -> dict[str, Any]:
+    """One tune measurement: a throwaway server shaped by VALUES (tune_workers: the candidate's variables,
+    the third argument, reach it through them) under wrk at SERVING_CONNECTIONS
     for the quick size's seconds after 1 s to warm (tune_prepare made what it serves); the deployed one is untouched."""
     state = runner.tune_state.get(NAME)
     if state is None:  # the driver prepares a workload before its first pair
