@@ -90,6 +90,9 @@ options:
   plan_arrow_io_threads:
     description: Arrow's IO pool of one job (ARROW_IO_THREADS); null is Arrow's default, 8. Not bounded by the cores (IO threads wait on the drive).
     type: int
+  plan_tf_inter_op_threads:
+    description: TensorFlow's inter-op pool of one job (TF_NUM_INTEROP_THREADS); null is one per socket. Above the physical cores only with plan_allow_oversubscription.
+    type: int
   plan_tuned:
     description:
       - Plan value -> evidence, written by C(provisioner tune --write).

@@ -59,6 +59,7 @@ class PlanOptions:
     polars_threads: int | None = None
     joblib_workers: int | None = None
     arrow_io_threads: int | None = None
+    tf_inter_op_threads: int | None = None
     tuned: tuple[tuple[str, str], ...] = ()
     feature_matrix_features: int = FEATURE_MATRIX_FEATURES
     feature_matrix_rows: int | None = None
@@ -69,7 +70,7 @@ class PlanOptions:
             raise PlanError(f"plan_trials must be 1 or more (got {self.trials})")
         if self.dataloader_workers is not None and self.dataloader_workers < 0:
             raise PlanError(f"plan_dataloader_workers must be 0 or more (got {self.dataloader_workers})")
-        for name in ("polars_threads", "joblib_workers", "arrow_io_threads"):
+        for name in ("polars_threads", "joblib_workers", "arrow_io_threads", "tf_inter_op_threads"):
             count = getattr(self, name)
             if count is not None and count < 1:
                 raise PlanError(f"plan_{name} must be 1 or more (got {count})")
@@ -252,6 +253,7 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "polars_threads": _as_int,
     "joblib_workers": _as_int,
     "arrow_io_threads": _as_int,
+    "tf_inter_op_threads": _as_int,
     "tuned": _as_tuned,
     "feature_matrix_features": _as_int,
     "feature_matrix_rows": _as_int,

@@ -133,6 +133,18 @@ def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warning
         lambda n: f"; LOKY_MAX_CPU_COUNT caps joblib.cpu_count(), so n_jobs=-1 starts {n} worker(s) instead of "
         f"one per physical core ({cores}) (loky cpu_count; scikit-learn parallelism docs)",
     )  # fmt: skip
+    why_inter = "independent ops run side by side, each on the intra-op pool; TensorFlow's default is every CPU again"
+    tf_inter, tf_inter_reason = (
+        inter,
+        f"{inter}: TF_NUM_INTEROP_THREADS, {per_socket}: {why_inter} (Intel TensorFlow tuning guide)",
+    )
+    if options.tf_inter_op_threads is not None:
+        tf_inter = options.tf_inter_op_threads
+        tf_inter_reason = (
+            _chosen("plan_tf_inter_op_threads", tf_inter, cores, options, warnings, "TensorFlow inter-op threads")
+            + f"; TF_NUM_INTEROP_THREADS, TensorFlow's inter-op pool of one job instead of the rule's {inter} ({per_socket}); "
+            + why_inter
+        )
     return [
         Setting("polars_threads", polars, polars_reason),
         Setting(
@@ -148,12 +160,7 @@ def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warning
             f"{cores}: TF_NUM_INTRAOP_THREADS = threads_per_job; TensorFlow's default is every schedulable "
             "CPU, SMT counted (tensorflow process_util.cc; Intel TensorFlow tuning guide)",
         ),
-        Setting(
-            "tf_inter_op_threads",
-            inter,
-            f"{inter}: TF_NUM_INTEROP_THREADS, {per_socket}: independent ops run side by side, each on the "
-            "intra-op pool; TensorFlow's default is every CPU again (Intel TensorFlow tuning guide)",
-        ),
+        Setting("tf_inter_op_threads", tf_inter, tf_inter_reason),
         Setting(
             "torch_interop_threads",
             inter,

@@ -34,8 +34,8 @@ class Knob:
     lowest: int  # the smallest count that is a candidate
     env: Callable[[Any, int], Env]  # (value, physical cores) -> the variables that carry it
     default: int | None = None  # the library's own count; None: the logical CPUs (a pool sized by the machine)
-    # Threads that wait on a drive, not on a core (Arrow's IO pool): the library's own count is a
-    # candidate whatever the cores, and no count of theirs oversubscribes them.
+    # Threads that wait on a drive, not on a core (Arrow's IO pool): powers of two and the cores are the
+    # candidates, to the library's own count's double whatever the cores, none of them oversubscribing.
     waits: bool = False
     # A setting of the kernel's: its values (every one a candidate), the file it is set in for each
     # measurement and put back from after the run (provisioner.tune.live), the plan's option for it.
@@ -71,6 +71,10 @@ def _joblib(value: Any, _cores: int) -> Env:
 
 def _arrow_io(value: Any, _cores: int) -> Env:
     return {"ARROW_IO_THREADS": None if value is None else str(int(value))}
+
+
+def _tf_inter(value: Any, _cores: int) -> Env:
+    return {"TF_NUM_INTEROP_THREADS": None if value is None else str(int(value))}
 
 
 def _dataloader(value: Any, cores: int) -> Env:
@@ -181,7 +185,8 @@ THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 THP_DEFRAG = "/sys/kernel/mm/transparent_hugepage/defrag"
 
 # Polars' pool, and joblib/loky's workers of n_jobs=-1 (both default to the logical CPUs); Arrow's IO
-# pool (its default 8, whatever the cores: its threads wait on the drive, measured on the Parquet scan); the
+# pool (its default 8, whatever the cores: its threads wait on the drive, measured on the Parquet scan);
+# TensorFlow's inter-op pool (its default the logical CPUs, measured on the Keras training step); the
 # DataLoader's worker processes (the library's default 0: batches load in the training process);
 # parallel trials of a study (Optuna's default n_jobs=1: one trial at a time, with every core);
 # the model server's threads per worker (OpenMP's default: one per logical CPU) and then its workers
@@ -195,7 +200,8 @@ KNOBS: dict[str, Knob] = {
     for k in (
         Knob("polars_threads", 1, _polars),
         Knob("joblib_workers", 1, _joblib),
-        Knob("arrow_io_threads", 1, _arrow_io, default=8, waits=True),
+        Knob("arrow_io_threads", 1, _arrow_io, default=8, waits=True, follows=("data_location",)),
+        Knob("tf_inter_op_threads", 1, _tf_inter),
         Knob("dataloader_workers", 0, _dataloader, default=0),
         Knob("trials", 1, _trials, default=1),
         Knob("serving_threads_per_worker", 1, _serving_threads, fits=_threads_fit, follows=SERVING_FOLLOWS),
@@ -253,7 +259,7 @@ def candidates(
     """The values tune measures against the rule (the plan's value), the rule itself left out: every
     count from the knob's lowest to the cores (the DataLoader's workers to one less), and the library's default where it is not one of them
     (with more logical CPUs than cores, only with allow_oversubscription; a pool of threads that wait on a
-    drive: its own count whatever the cores). A knob sharing the cores
+    drive: the powers of two and the cores, to twice its own count whatever the cores). A knob sharing the cores
     with another: only the counts that fit beside KEPT (the variables kept before it) and the PLAN,
     unless oversubscription is allowed."""
     knob = KNOBS[name]
@@ -263,10 +269,11 @@ def candidates(
     # (plan_dataloader_workers), unless oversubscription is.
     top = cores - 1 if knob.lowest == 0 and not allow_oversubscription else cores
     values = [v for v in range(knob.lowest, top + 1) if v != rule]
+    if knob.waits:  # each measurement of such a pool reads a drive cold: a few counts, spread out
+        top = max(cores, 2 * (knob.default or 1))
+        values = sorted(({1 << i for i in range(top.bit_length())} | {cores}) - {rule})
     if knob.default is None and logical is not None and logical > cores and allow_oversubscription:
         values.append(logical)  # the library's default count (the logical CPUs), as a value the plan can carry back
-    if knob.waits and knob.default is not None and knob.default > top and knob.default != rule:
-        values.append(knob.default)  # its own count, above the cores: threads that wait oversubscribe nothing
     if knob.fits is not None and plan is not None:
         fits = knob.fits
         values = [v for v in values if fits(v, kept or {}, plan, cores, allow_oversubscription)]

@@ -259,7 +259,27 @@ def test_arrow_io_threads_set_by_its_option_are_not_bounded_by_the_cores(value):
     assert before.value("arrow_io_threads") == 8 and "Arrow's own default" in before.reason("arrow_io_threads")
 
 
-@pytest.mark.parametrize("key", [*COUNT_OPTIONS, "arrow_io_threads"])
+def test_tf_inter_op_threads_set_by_its_option_leave_torchs_and_are_bounded_by_the_cores():
+    """The rule is one per socket (xeon_2s: 2); the option sets TensorFlow's pool only."""
+    before = derive_plan(load("xeon_2s"))
+    cores = before.value("threads_per_job")
+    plan = derive_plan(load("xeon_2s"), PlanOptions.from_vars({"plan_tf_inter_op_threads": "4"}))
+    assert plan.value("tf_inter_op_threads") == 4 and plan.value("torch_interop_threads") == before.value("torch_interop_threads")
+    reason = plan.reason("tf_inter_op_threads")
+    assert reason.startswith("4: plan_tf_inter_op_threads; TF_NUM_INTEROP_THREADS") and "the rule's 2 (one per socket)" in reason
+    moved = {k for k, v in plan.to_dict()["values"].items() if before.to_dict()["values"][k] != v}
+    assert moved == {"tf_inter_op_threads"} and plan.warnings == before.warnings
+    with pytest.raises(PlanError, match=rf"^plan_tf_inter_op_threads={cores + 1} is more than the {cores} physical cores"):
+        derive_plan(load("xeon_2s"), PlanOptions.from_vars({"plan_tf_inter_op_threads": cores + 1}))
+    allowed = derive_plan(
+        load("xeon_2s"), PlanOptions.from_vars({"plan_tf_inter_op_threads": cores + 1, "plan_allow_oversubscription": True})
+    )
+    assert [w for w in allowed.warnings if "oversubscribed" in w] == [
+        f"{cores + 1} TensorFlow inter-op threads on {cores} physical cores: oversubscribed by choice (plan_allow_oversubscription)"
+    ]
+
+
+@pytest.mark.parametrize("key", [*COUNT_OPTIONS, "arrow_io_threads", "tf_inter_op_threads"])
 @pytest.mark.parametrize(
     ("value", "match"),
     [(0, "must be 1 or more"), ("-2", "must be 1 or more"), ("four", "must be a whole number"), (True, "must be a whole number")],

@@ -36,8 +36,11 @@ def test_budget_refused(text: str, said: str) -> None:
 
 
 def test_workloads_and_knobs() -> None:
-    assert proposal.check_workloads([]) == list(proposal.TUNABLE)
-    assert {"features", "dataloader", "sklearn", "hpo"} <= set(proposal.TUNABLE)
+    assert proposal.check_workloads([]) == list(proposal.DEFAULT_TUNED)
+    assert {"features", "dataloader", "sklearn", "hpo"} <= set(proposal.DEFAULT_TUNED)
+    # Tuned only when named: the Parquet scan (it drops the page cache) and TensorFlow (an opt-in component).
+    assert set(proposal.TUNABLE) - set(proposal.DEFAULT_TUNED) == {"parquet", "tensorflow"}
+    assert proposal.check_workloads(["parquet"]) == ["parquet"]
     with pytest.raises(BadInput, match=r"--workloads: gemmm cannot be tuned; the workloads tune measures: "):
         proposal.check_workloads(["gemmm"])
     assert proposal.check_knobs(["polars_threads"], ["features"]) == ["polars_threads"]
@@ -97,22 +100,30 @@ def test_candidates_within_the_cores() -> None:
             assert {s.key: s.value for s in plan.settings}[name] == c.value, (name, c.value)
 
 
-def test_arrows_io_pool_counts_to_the_cores_and_its_own_eight_whatever_the_cores() -> None:
-    # Its threads wait on the drive: Arrow's own 8 is a candidate on 2 cores, without oversubscription.
+def test_arrows_io_pool_counts_in_powers_of_two_to_twice_its_own_eight_whatever_the_cores() -> None:
+    # Its threads wait on the drive: above the cores without oversubscription, a few counts spread out.
     got = knobs.candidates("arrow_io_threads", rule=2, cores=2, logical=4)
-    assert [c.label for c in got] == ["1", "8 (library default)"]
-    assert got[1].env == {"ARROW_IO_THREADS": "8"}
-    # The rule is Arrow's own 8 (the plan's default): every count to the cores against it.
-    assert [c.value for c in knobs.candidates("arrow_io_threads", rule=8, cores=2)] == [1, 2]
-    many = knobs.candidates("arrow_io_threads", rule=4, cores=16)
-    assert [c.value for c in many] == [v for v in range(1, 17) if v != 4] and many[6].label == "8 (library default)"
+    assert [c.label for c in got] == ["1", "4", "8 (library default)", "16"]
+    assert got[2].env == {"ARROW_IO_THREADS": "8"}
+    # The rule is Arrow's own 8 (the plan's default).
+    assert [c.value for c in knobs.candidates("arrow_io_threads", rule=8, cores=2)] == [1, 2, 4, 16]
+    # The cores themselves are a candidate, and the counts go up to them where they are more.
+    assert [c.value for c in knobs.candidates("arrow_io_threads", rule=8, cores=24)] == [1, 2, 4, 16, 24]
+    assert [c.value for c in knobs.candidates("arrow_io_threads", rule=8, cores=64)] == [1, 2, 4, 16, 32, 64]
+
+
+def test_tensorflows_inter_op_pool_counts_to_the_cores_and_the_logical_cpus_only_when_allowed() -> None:
+    got = knobs.candidates("tf_inter_op_threads", rule=1, cores=4, logical=8)
+    assert [c.value for c in got] == [2, 3, 4] and got[0].env == {"TF_NUM_INTEROP_THREADS": "2"}
+    over = knobs.candidates("tf_inter_op_threads", rule=1, cores=4, logical=8, allow_oversubscription=True)
+    assert over[-1].label == "8 (library default)"
 
 
 def test_the_parquet_scan_is_measured_cold_with_the_candidates_io_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from provisioner.smoke.workloads import parquet
 
     dropped: list[int] = []
-    monkeypatch.setattr(parquet, "drop_caches", lambda: dropped.append(1))
+    monkeypatch.setattr(parquet, "drop_caches", lambda: dropped.append(1))  # None: the cache dropped
 
     class ParquetBox(Box):
         tune_state: dict[str, Any]  # the runner's: what a workload's tune_prepare made
@@ -135,15 +146,35 @@ def test_the_parquet_scan_is_measured_cold_with_the_candidates_io_pool(tmp_path:
     got = out["workloads"]["parquet"]
     assert got["unit"] == "GB/s scanned"
     io = got["knobs"]["arrow_io_threads"]
-    assert io["rule"] == 8 and [c["value"] for c in io["candidates"]] == [1, 2] and io["tuned"]["value"] == 2
-    # Every scan ran cold (the cache dropped first), each side with its own count (the rule's 8 too).
-    assert len(dropped) == len(box.runs) and {r.get("ARROW_IO_THREADS") for r in box.runs} == {"8", "1", "2"}
+    assert io["rule"] == 8 and [c["value"] for c in io["candidates"]] == [1, 2, 4, 16] and io["tuned"]["value"] == 2
+    # Every scan ran cold (the cache dropped first, and once before the file was written), each side with its own count.
+    assert len(dropped) == len(box.runs) + 1 and {r.get("ARROW_IO_THREADS") for r in box.runs} == {"8", "1", "2", "4", "16"}
+
+
+def test_where_the_page_cache_stays_the_io_pool_is_not_searched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from provisioner.smoke.workloads import parquet
+
+    warm = "cannot drop the page cache (Read-only file system: /proc/sys/vm is read-only here): warm-cache figures"
+    monkeypatch.setattr(parquet, "drop_caches", lambda: warm)
+    box = Box({}, gain=1.0)
+    box.plan = {"arrow_io_threads": 8}
+    out = driver.run(
+        box, {"workloads": ["parquet"], "knobs": [], "budget_s": 100_000}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock
+    )
+    assert out["workloads"]["parquet"]["knobs"] == {
+        "arrow_io_threads": {
+            "skipped": "cannot drop the page cache (Read-only file system: /proc/sys/vm is read-only here): "
+            "every scan would read memory, not the drive"
+        }
+    }
+    assert box.runs == []  # no file written, nothing measured
 
 
 def test_a_scan_whose_io_pool_is_not_the_candidates_is_an_error_not_a_figure(monkeypatch: pytest.MonkeyPatch) -> None:
     from provisioner.smoke.workloads import parquet
 
-    monkeypatch.setattr(parquet, "drop_caches", lambda: "cannot drop the page cache: warm-cache figures")
+    caches: list[str | None] = [None]
+    monkeypatch.setattr(parquet, "drop_caches", lambda: caches[0])
 
     class Runner:
         def __init__(self, state: dict[str, Any]) -> None:
@@ -153,12 +184,25 @@ def test_a_scan_whose_io_pool_is_not_the_candidates_is_an_error_not_a_figure(mon
             return {"seconds": 0.5, "decoded_bytes": 10**9, "io_threads": 8}
 
     runner = Runner({"parquet": {"path": "/data/smoke.parquet", "file_bytes": 10**9}})
-    ok = parquet.tune_drive(runner, {}, {"ARROW_IO_THREADS": None})
-    assert ok["scan_gbps"] == 2.0 and ok["cold_cache"] is False and "warm-cache" in ok["cache_note"]
+    assert parquet.tune_drive(runner, {}, {"ARROW_IO_THREADS": None}) == {"scan_gbps": 2.0, "io_threads": 8}
     assert parquet.tune_drive(runner, {}, {"ARROW_IO_THREADS": "2"}) == {
         "error": "parquet: the scan ran with 8 IO threads, not ARROW_IO_THREADS=2"
     }
     assert "nothing prepared" in parquet.tune_drive(Runner({}), {}, {})["error"]
+    caches[0] = "cannot drop the page cache (Permission denied): warm-cache figures"  # since the run began
+    assert parquet.tune_drive(runner, {}, {}) == {"error": f"parquet: {caches[0]}"}
+
+
+def test_tensorflows_inter_op_pool_is_measured_on_the_training_step(tmp_path: Path) -> None:
+    box = Box({"TF_NUM_INTEROP_THREADS": "2"}, gain=1.25)
+    box.plan = {"tf_inter_op_threads": 1}
+    out = driver.run(
+        box, {"workloads": ["tensorflow"], "knobs": [], "budget_s": 100_000}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock
+    )
+    got = out["workloads"]["tensorflow"]
+    # tf_intra_op_threads is declared but not a knob (docs/tune.md says why): only the inter-op pool is searched.
+    assert got["unit"] == "samples/s" and list(got["knobs"]) == ["tf_inter_op_threads"]
+    assert got["knobs"]["tf_inter_op_threads"]["tuned"]["value"] == 2
 
 
 def test_the_servers_threads_and_workers_share_the_cores() -> None:
@@ -295,6 +339,8 @@ class Box:
             return {"polars": {"rows_per_s": figure}}
         if task == "triad":
             return {"gbps": figure}
+        if task == "tensorflow":
+            return {"samples_per_s": figure}
         return {"planned": {"samples_per_s": figure}}
 
     def clock(self) -> float:
@@ -1228,3 +1274,44 @@ def test_a_kernel_file_that_cannot_be_written_is_not_searched(tmp_path: Path) ->
     # Without the kernel's settings in the run's hands, the same.
     out = driver.run(box, THP_SPEC, ledger=driver.Ledger(str(state)), clock=box.clock)
     assert "no kernel setting" in out["workloads"]["triad"]["knobs"]["thp_enabled"]["skipped"] and not box.runs
+
+
+def test_a_role_variable_set_for_the_host_outranks_its_plan_value_in_tunes_spec() -> None:
+    """roles/smoke's spec names each plan value a role variable the host sets outranks (up would apply that
+    variable, not a kept plan_* value): serving_jemalloc, and every count role thread_env exports."""
+    import jinja2.nativetypes
+    import yaml
+
+    from provisioner.checks import _ansible_filters
+
+    source = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "smoke" / "vars" / "main.yml").read_text())
+    env = jinja2.nativetypes.NativeEnvironment()
+    env.filters.update(_ansible_filters())
+    overridden = env.from_string(source["_smoke_tune_spec"]["overridden"])
+    assert overridden.render({}) == {}
+    got = overridden.render({"serving_jemalloc": False, "thread_env_arrow_io_threads": "16", "thread_env_trials": 3})
+    assert got == {
+        "serving_allocator": ["serving_jemalloc", "glibc"],
+        "arrow_io_threads": ["thread_env_arrow_io_threads", 16],
+        "trials": ["thread_env_trials", 3],
+    }
+    role_variables = {
+        f"thread_env_{k}": 1 for k in ("polars_threads", "joblib_workers", "tf_inter_op_threads", "dataloader_workers")
+    }
+    # Every knob carried by a thread_env variable is among them.
+    assert set(overridden.render(role_variables)) == {
+        "polars_threads",
+        "joblib_workers",
+        "tf_inter_op_threads",
+        "dataloader_workers",
+    }
+    # Every knob of a count role thread_env exports (not the kernel's, not the model server's) has its variable here.
+    exported = {k for k, knob in knobs.KNOBS.items() if not knob.sysfs and not k.startswith("serving_")}
+    assert exported == {
+        "polars_threads",
+        "joblib_workers",
+        "arrow_io_threads",
+        "tf_inter_op_threads",
+        "dataloader_workers",
+        "trials",
+    }

@@ -43,7 +43,7 @@ from typing import Any
 
 from ..workloads import BY_NAME, CLUSTER_TASKS, PROFILES, TASKS, WORKERS
 from .ml import _missing
-from .probe import configuration, cpu_busy, cpu_info, memory_devices
+from .probe import configuration, cpu_busy, cpu_info, data_mount, memory_devices
 
 SCHEMA = 1
 PLAN_FILE = "/etc/provisioner/plan.json"
@@ -280,7 +280,12 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     spec = json.loads(args.spec)
     plan = {**doc.get("values", {}), **tune_context(doc.get("serving") or {}, args.serve_script)}
     cpu = cpu_info()
-    workdir = tempfile.mkdtemp(prefix="provisioner-tune-", dir="/var/tmp")
+    # As the smoke run: its work directory (a workload's files) on the data mount, /var/tmp when that is no mount;
+    # what the mount is (source, filesystem, where) is in the study key of a knob measured on its files.
+    data_dir = args.data_dir if args.data_dir and os.path.ismount(args.data_dir) else "/var/tmp"
+    mount = data_mount(data_dir)
+    plan["data_location"] = f"{mount.get('fstype')} on {mount.get('source')} at {mount.get('target') or data_dir}"
+    workdir = tempfile.mkdtemp(prefix="provisioner-tune-", dir=data_dir)
     try:
         os.chmod(workdir, 0o755)
         script = os.path.join(workdir, ARCHIVE)
@@ -359,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         required=True,
         help="JSON: workloads, knobs (null: all), budget_s, force, allow_oversubscription, fixed, overridden",
     )
+    t.add_argument("--data-dir", default=None, help="the data mount; /var/tmp when it is not a mount point")
     t.add_argument("--state-dir", default=None, help="where the Optuna studies are kept (default /var/lib/provisioner/tune)")
     t.add_argument(
         "--serve-script", default=None, help="the model server (roles/serving/files/provisioner_serve.py): to tune serving"
