@@ -433,7 +433,10 @@ def tune(
     hosts: Hosts,
     workloads: Annotated[
         str | None,
-        typer.Option("--workloads", help="Comma-separated workloads to tune (default: every one with a tune objective)."),
+        typer.Option(
+            "--workloads",
+            help="Comma-separated workloads to tune (default: every one with a tune objective; parquet and tensorflow only when named).",
+        ),
     ] = None,
     knobs: Annotated[
         str | None, typer.Option("--knobs", help="Comma-separated knobs to search (default: every knob of those workloads).")

@@ -235,6 +235,39 @@ KNOBS: dict[str, Knob] = {
 }
 
 
+# The role variables that outrank a plan value tune may keep, in the order they do: set for the host,
+# `up` applies the variable, not a kept plan_* value, so the knob is not searched. Role serving's
+# serving_jemalloc gives the model server's allocator; role thread_env's own count of a pool gives it,
+# and its thread count (thread_env_threads, where it differs from the plan's) gives Polars', joblib's
+# and the DataLoader's counts, as its DataLoader threads give the split.
+OUTRANKING: dict[str, tuple[str, ...]] = {
+    "serving_allocator": ("serving_jemalloc",),
+    "polars_threads": ("thread_env_polars_threads", "thread_env_threads"),
+    "joblib_workers": ("thread_env_joblib_workers", "thread_env_threads"),
+    "arrow_io_threads": ("thread_env_arrow_io_threads",),
+    "tf_inter_op_threads": ("thread_env_tf_inter_op_threads",),
+    "dataloader_workers": ("thread_env_dataloader_workers", "thread_env_dataloader_threads", "thread_env_threads"),
+    "trials": ("thread_env_trials",),
+}
+
+
+def outranked(role_vars: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Plan value -> [the role variable set for the host (ROLE_VARS: name -> value) that outranks it, the
+    value it gives that plan value, or None where it sets another count (the plan's value stays)]."""
+    out: dict[str, list[Any]] = {}
+    for knob, names in OUTRANKING.items():
+        name = next((n for n in names if n in role_vars), None)
+        if name is None:
+            continue
+        value = role_vars[name]
+        if knob == "serving_allocator":
+            given: Any = "jemalloc" if str(value).strip().lower() in ("true", "yes", "on", "1") else "glibc"
+        else:
+            given = int(value) if name == f"thread_env_{knob}" else None
+        out[knob] = [name, given]
+    return out
+
+
 @dataclass(frozen=True)
 class Candidate:
     value: Any

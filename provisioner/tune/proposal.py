@@ -70,6 +70,19 @@ def check_workloads(names: Sequence[str]) -> list[str]:
 def check_knobs(names: Sequence[str], workloads: Sequence[str]) -> list[str]:
     searchable = sorted({k for w in workloads for k in knob_table.searchable(BY_NAME[w].KNOBS)})
     bad = [n for n in names if n not in searchable]
+    named_only = sorted(
+        {
+            w
+            for n in bad
+            for w in TUNABLE
+            if w not in DEFAULT_TUNED and w not in workloads and n in knob_table.searchable(BY_NAME[w].KNOBS)
+        }
+    )
+    if bad and named_only:
+        raise BadInput(
+            f"--knobs: {', '.join(bad)} is a knob of {', '.join(named_only)}, tuned only when named: "
+            f"add --workloads {','.join(named_only)}"
+        )
     if bad:
         raise BadInput(
             f"--knobs: {', '.join(bad)} is not a knob of {', '.join(workloads)}; tune can search: {', '.join(searchable)}"

@@ -509,7 +509,7 @@ def test_tune_measures_a_class_of_two_once_and_writes_back_only_what_it_kept(pro
     assert result["seconds"] <= BUDGET_S * 1.25, result["seconds"]
     # Each throwaway server stopped with its measurement, and its files went with the run.
     # ([p]: not the shell running the check.)
-    left = "pgrep -f '[p]rovisioner_serve'; ls -d /var/tmp/provisioner-tune-* /tmp/provisioner-smoke-serve-* 2>/dev/null; true"
+    left = "pgrep -f '[p]rovisioner_serve'; ls -d /var/tmp/provisioner-tune-* /data/provisioner-tune-* /tmp/provisioner-smoke-serve-* 2>/dev/null; true"
     assert out_of(server, left) == ""
     # Nothing on the host changed but the study it keeps.
     assert etc_checksum(server) == etc

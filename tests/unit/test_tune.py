@@ -41,6 +41,10 @@ def test_workloads_and_knobs() -> None:
     # Tuned only when named: the Parquet scan (it drops the page cache) and TensorFlow (an opt-in component).
     assert set(proposal.TUNABLE) - set(proposal.DEFAULT_TUNED) == {"parquet", "tensorflow"}
     assert proposal.check_workloads(["parquet"]) == ["parquet"]
+    with pytest.raises(
+        BadInput, match=r"^--knobs: arrow_io_threads is a knob of parquet, tuned only when named: add --workloads parquet$"
+    ):
+        proposal.check_knobs(["arrow_io_threads"], proposal.check_workloads([]))
     with pytest.raises(BadInput, match=r"--workloads: gemmm cannot be tuned; the workloads tune measures: "):
         proposal.check_workloads(["gemmm"])
     assert proposal.check_knobs(["polars_threads"], ["features"]) == ["polars_threads"]
@@ -203,6 +207,13 @@ def test_tensorflows_inter_op_pool_is_measured_on_the_training_step(tmp_path: Pa
     # tf_intra_op_threads is declared but not a knob (docs/tune.md says why): only the inter-op pool is searched.
     assert got["unit"] == "samples/s" and list(got["knobs"]) == ["tf_inter_op_threads"]
     assert got["knobs"]["tf_inter_op_threads"]["tuned"]["value"] == 2
+    # Without TensorFlow in the environment: one reason for the knob, nothing measured.
+    box = Box({}, gain=1.0)
+    box.plan, box.missing = {"tf_inter_op_threads": 1}, "tensorflow is not installed in this environment (component tensorflow)"
+    out = driver.run(
+        box, {"workloads": ["tensorflow"], "knobs": [], "budget_s": 100_000}, ledger=driver.Ledger(str(tmp_path)), clock=box.clock
+    )
+    assert out["workloads"]["tensorflow"]["knobs"] == {"tf_inter_op_threads": {"skipped": box.missing}} and box.runs == []
 
 
 def test_the_servers_threads_and_workers_share_the_cores() -> None:
@@ -319,6 +330,7 @@ class Box:
         self.thp = thp
         self.plan = {"polars_threads": 2, "dataloader_workers": 1, "thp_enabled": "madvise"}
         self.cpu = {"physical_cores": 2, "logical_cpus": 2}
+        self.missing = ""  # why a workload's component is missing ("": it is there)
 
         class Args:
             profile = "quick"
@@ -326,6 +338,8 @@ class Box:
         self.args = Args()
 
     def worker(self, task: str, env: dict[str, str | None] | None = None, **extra: Any) -> dict[str, Any]:
+        if task == "tensorflow_present":  # its tune_prepare: the environment has TensorFlow, unless told otherwise
+            return {"skipped": self.missing} if self.missing else {}
         assert extra == {"tune": True}
         self.now += self.seconds
         seen = dict(env or {})
@@ -460,7 +474,7 @@ def test_the_servers_allocator_is_kept_where_it_wins_and_left_alone_where_a_role
     got = driver.run(box, spec, ledger=driver.Ledger(str(tmp_path / "a")), clock=box.clock)["workloads"]["serving"]["knobs"]
     assert got["serving_allocator"]["rule"] == "glibc" and got["serving_allocator"]["tuned"]["value"] == "jemalloc"
     assert {a for a, _ in seen} == {"glibc", "jemalloc"}
-    # serving_jemalloc set for the host (spec "overridden"): what runs is jemalloc whatever the plan says, so
+    # serving_jemalloc set for the host (spec "role_vars", knobs.outranked): what runs is jemalloc whatever the plan says, so
     # the allocator is not searched (a kept value would not be applied) and the shape is measured under it.
     seen.clear()
     box = Box({}, gain=1.0)
@@ -1276,42 +1290,37 @@ def test_a_kernel_file_that_cannot_be_written_is_not_searched(tmp_path: Path) ->
     assert "no kernel setting" in out["workloads"]["triad"]["knobs"]["thp_enabled"]["skipped"] and not box.runs
 
 
-def test_a_role_variable_set_for_the_host_outranks_its_plan_value_in_tunes_spec() -> None:
-    """roles/smoke's spec names each plan value a role variable the host sets outranks (up would apply that
-    variable, not a kept plan_* value): serving_jemalloc, and every count role thread_env exports."""
-    import jinja2.nativetypes
-    import yaml
-
-    from provisioner.checks import _ansible_filters
-
-    source = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "smoke" / "vars" / "main.yml").read_text())
-    env = jinja2.nativetypes.NativeEnvironment()
-    env.filters.update(_ansible_filters())
-    overridden = env.from_string(source["_smoke_tune_spec"]["overridden"])
-    assert overridden.render({}) == {}
-    got = overridden.render({"serving_jemalloc": False, "thread_env_arrow_io_threads": "16", "thread_env_trials": 3})
-    assert got == {
+def test_a_role_variable_set_for_the_host_outranks_its_plan_value() -> None:
+    """What roles/smoke hands the host (the role variables set for it) -> the knobs not searched, each with
+    the variable and the value it gives (None: another count, the plan's value stays)."""
+    assert knobs.outranked({}) == {}
+    assert knobs.outranked({"serving_jemalloc": False, "thread_env_arrow_io_threads": "16", "thread_env_trials": 3}) == {
         "serving_allocator": ["serving_jemalloc", "glibc"],
         "arrow_io_threads": ["thread_env_arrow_io_threads", 16],
         "trials": ["thread_env_trials", 3],
     }
-    role_variables = {
-        f"thread_env_{k}": 1 for k in ("polars_threads", "joblib_workers", "tf_inter_op_threads", "dataloader_workers")
+    assert knobs.outranked({"serving_jemalloc": "yes"})["serving_allocator"] == ["serving_jemalloc", "jemalloc"]
+    # role thread_env's thread count gives Polars', joblib's and the DataLoader's counts; its DataLoader
+    # threads give the split; a pool's own variable comes first.
+    got = knobs.outranked({"thread_env_threads": "8", "thread_env_polars_threads": 4, "thread_env_dataloader_threads": 2})
+    assert got == {
+        "polars_threads": ["thread_env_polars_threads", 4],
+        "joblib_workers": ["thread_env_threads", None],
+        "dataloader_workers": ["thread_env_dataloader_threads", None],
     }
-    # Every knob carried by a thread_env variable is among them.
-    assert set(overridden.render(role_variables)) == {
-        "polars_threads",
-        "joblib_workers",
-        "tf_inter_op_threads",
-        "dataloader_workers",
+    # Every knob of a count role thread_env exports (not the kernel's, not the model server's shape) is covered.
+    exported = {
+        k for k, knob in knobs.KNOBS.items() if not knob.sysfs and k not in ("serving_workers", "serving_threads_per_worker")
     }
-    # Every knob of a count role thread_env exports (not the kernel's, not the model server's) has its variable here.
-    exported = {k for k, knob in knobs.KNOBS.items() if not knob.sysfs and not k.startswith("serving_")}
-    assert exported == {
-        "polars_threads",
-        "joblib_workers",
-        "arrow_io_threads",
-        "tf_inter_op_threads",
-        "dataloader_workers",
-        "trials",
-    }
+    assert exported == set(knobs.OUTRANKING)
+
+
+def test_roles_smoke_hands_the_host_every_role_variable_that_outranks_a_knob() -> None:
+    import yaml
+
+    source = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "smoke" / "vars" / "main.yml").read_text())
+    # The pattern varnames gets: the quoted pieces after the lookup's name, joined.
+    regex = re.compile("".join(re.findall(r"'([^']*)'", source["_smoke_role_vars_set"])[1:]))
+    named = {n for names in knobs.OUTRANKING.values() for n in names}
+    assert {n for n in named if regex.fullmatch(n)} == named
+    assert not regex.fullmatch("thread_env_variables") and not regex.fullmatch("serving_workers")

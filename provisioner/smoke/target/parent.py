@@ -268,6 +268,7 @@ def tune_context(serving: dict[str, Any], serve_script: str | None) -> dict[str,
 def tune(args: argparse.Namespace) -> dict[str, Any]:
     """provisioner.tune.driver on this host: the workers as for a tuned smoke run at the quick size."""
     from ...tune import driver  # imports Optuna where the study opens: the ML environment's Python runs this
+    from ...tune import knobs as knob_table
 
     signal.signal(signal.SIGTERM, _terminated)
     signal.signal(signal.SIGHUP, driver.hang_up)
@@ -295,9 +296,9 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
         runner = Runner(args, script, workdir, int(plan.get("threads_per_job") or cpu["physical_cores"]), 1)
         # With the values the inventory's options fix (spec "fixed"): the knobs that follow others read it.
         runner.plan, runner.cpu = {**plan, "fixed": list(spec.get("fixed") or [])}, cpu
-        # A plan value a role variable outranks (spec "overridden"): the value that variable gives.
-        overridden = {k: list(v) for k, v in (spec.get("overridden") or {}).items()}
-        runner.plan.update({k: v[1] for k, v in overridden.items()}, overridden=overridden)
+        # A plan value a role variable set for the host outranks (spec "role_vars"): the value it gives.
+        overridden = knob_table.outranked(spec.get("role_vars") or {})
+        runner.plan.update({k: v[1] for k, v in overridden.items() if v[1] is not None}, overridden=overridden)
         runner.code = os.path.basename(running_archive() or "")  # provisioner_smoke-<sha12>.pyz
         state_dir = args.state_dir or driver.STATE_DIR
         out = driver.locked(
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument(
         "--spec",
         required=True,
-        help="JSON: workloads, knobs (null: all), budget_s, force, allow_oversubscription, fixed, overridden",
+        help="JSON: workloads, knobs (null: all), budget_s, force, allow_oversubscription, fixed, role_vars",
     )
     t.add_argument("--data-dir", default=None, help="the data mount; /var/tmp when it is not a mount point")
     t.add_argument("--state-dir", default=None, help="where the Optuna studies are kept (default /var/lib/provisioner/tune)")

@@ -102,7 +102,17 @@ def w_tensorflow(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-WORKERS = {"tensorflow": w_tensorflow}
+def w_tensorflow_present(_p: dict[str, Any]) -> dict[str, Any]:
+    return _missing("tensorflow", "tensorflow") or {}
+
+
+WORKERS = {"tensorflow": w_tensorflow, "tensorflow_present": w_tensorflow_present}
+
+
+def tune_prepare(runner: Any) -> dict[str, Any]:
+    """Once per tune run, before any pair: {} where the ML environment has TensorFlow, else why not (one
+    reason for the knob, not one failure per candidate)."""
+    return runner.worker("tensorflow_present")
 
 
 # ---------------------------------------------------------------- control node
