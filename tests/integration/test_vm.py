@@ -59,6 +59,7 @@ from vm_lab import assert_data_array, booted, cli_json, ssh, user_inventory
 
 from provisioner import lab
 from provisioner.errors import ExitCode
+from provisioner.lab import vm
 
 pytestmark = pytest.mark.lab
 
@@ -116,6 +117,15 @@ def live_tuning(server: lab.LabServer) -> dict[str, str]:
     values = dict(zip(LIVE, (re.sub(r".*\[(\w+)\].*", r"\1", line.strip()) for line in out), strict=False))
     values["tuned"] = out[len(LIVE)].removeprefix("Current active profile: ").strip() if len(out) > len(LIVE) else ""
     return values
+
+
+def with_console(server: lab.LabServer, result: tuple) -> tuple:
+    """A run's result, its errors followed by the VM's serial console's last lines where it failed (a
+    reboot that never answered: where the boot stopped)."""
+    if result[0] == ExitCode.OK:
+        return result
+    rc, data, errors, *rest = result
+    return (rc, data, [*errors, f"console: {vm.console_tail(server.root / 'console.log')}"], *rest)
 
 
 def boot_id(server: lab.LabServer) -> str:
@@ -222,7 +232,7 @@ def rebooted_up(vm_server, inventory, first_up):
         "meminfo": ssh(vm_server, "cat /proc/meminfo"),
     }
     start = time.monotonic()
-    result = cli_json("up", "-i", inventory, *TAGS, "--reboot", "--no-verify", *_vars(vm_server))
+    result = with_console(vm_server, cli_json("up", "-i", inventory, *TAGS, "--reboot", "--no-verify", *_vars(vm_server)))
     TIMES["second run + reboot"] = time.monotonic() - start
     data = result[1]
     if data:
@@ -366,7 +376,7 @@ def drive_lost(vm_server, inventory, rebooted_up, verified, up_after_reboot, con
     wait_for("md notices the pulled drive", lambda: mdstat(vm_server) if "[4/3]" in mdstat(vm_server) else None, 120)
     before = boot_id(vm_server)
     start = time.monotonic()
-    result = cli_json("undo", "-i", inventory, "--reboot", *UNDO_TAGS)
+    result = with_console(vm_server, cli_json("undo", "-i", inventory, "--reboot", *UNDO_TAGS))
     TIMES["undo --reboot + reboot"] = time.monotonic() - start
     if result[1] and result[1].get("rebooted"):
         TIMES["undo's reboot run"] = result[1]["rebooted"]["seconds"]
