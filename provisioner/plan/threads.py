@@ -62,13 +62,20 @@ def plan_threads(facts: Mapping[str, Any], options: PlanOptions, warnings: list[
 
 
 def _per_job(
-    name: str, cores: int, options: PlanOptions, warnings: list[str], what: str, rule: str, carried: Callable[[int], str]
+    name: str,
+    cores: int,
+    options: PlanOptions,
+    warnings: list[str],
+    what: str,
+    rule: str,
+    carried: Callable[[int], str],
+    rule_value: int | None = None,
 ) -> tuple[int, str]:
-    """One job's pool: the physical cores with the reason RULE, else plan_NAME's count (_chosen) with
-    what carries it (CARRIED, given the count)."""
+    """One job's pool: the physical cores (or RULE_VALUE) with the reason RULE, else plan_NAME's count
+    (_chosen) with what carries it (CARRIED, given the count)."""
     value = getattr(options, name)
     if value is None:
-        return cores, rule
+        return (cores if rule_value is None else rule_value), rule
     return value, _chosen(f"plan_{name}", value, cores, options, warnings, what) + carried(value)
 
 
@@ -134,17 +141,13 @@ def plan_runtime_threads(facts: Mapping[str, Any], options: PlanOptions, warning
         f"one per physical core ({cores}) (loky cpu_count; scikit-learn parallelism docs)",
     )  # fmt: skip
     why_inter = "independent ops run side by side, each on the intra-op pool; TensorFlow's default is every CPU again"
-    tf_inter, tf_inter_reason = (
-        inter,
+    tf_inter, tf_inter_reason = _per_job(
+        "tf_inter_op_threads", cores, options, warnings, "TensorFlow inter-op threads",
         f"{inter}: TF_NUM_INTEROP_THREADS, {per_socket}: {why_inter} (Intel TensorFlow tuning guide)",
-    )
-    if options.tf_inter_op_threads is not None:
-        tf_inter = options.tf_inter_op_threads
-        tf_inter_reason = (
-            _chosen("plan_tf_inter_op_threads", tf_inter, cores, options, warnings, "TensorFlow inter-op threads")
-            + f"; TF_NUM_INTEROP_THREADS, TensorFlow's inter-op pool of one job instead of the rule's {inter} ({per_socket}); "
-            + why_inter
-        )
+        lambda _: f"; TF_NUM_INTEROP_THREADS, TensorFlow's inter-op pool of one job instead of the rule's {inter} "
+        f"({per_socket}); {why_inter}",
+        rule_value=inter,
+    )  # fmt: skip
     return [
         Setting("polars_threads", polars, polars_reason),
         Setting(

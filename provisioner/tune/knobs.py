@@ -60,21 +60,20 @@ class Knob:
         return ((self.sysfs, str(value)),) if self.sysfs else ()
 
 
-def _polars(value: Any, _cores: int) -> Env:
-    return {"POLARS_MAX_THREADS": None if value is None else str(int(value))}
+def _count_in(variable: str) -> Callable[[Any, int], Env]:
+    """A pool's count carried by one variable of its own (None: unset, the library's default)."""
+
+    def env(value: Any, _cores: int) -> Env:
+        return {variable: None if value is None else str(int(value))}
+
+    return env
 
 
-def _joblib(value: Any, _cores: int) -> Env:
-    # LOKY_MAX_CPU_COUNT caps joblib.cpu_count(): a user's n_jobs=-1 starts that many workers.
-    return {"LOKY_MAX_CPU_COUNT": None if value is None else str(int(value))}
-
-
-def _arrow_io(value: Any, _cores: int) -> Env:
-    return {"ARROW_IO_THREADS": None if value is None else str(int(value))}
-
-
-def _tf_inter(value: Any, _cores: int) -> Env:
-    return {"TF_NUM_INTEROP_THREADS": None if value is None else str(int(value))}
+_polars = _count_in("POLARS_MAX_THREADS")
+# LOKY_MAX_CPU_COUNT caps joblib.cpu_count(): a user's n_jobs=-1 starts that many workers.
+_joblib = _count_in("LOKY_MAX_CPU_COUNT")
+_arrow_io = _count_in("ARROW_IO_THREADS")
+_tf_inter = _count_in("TF_NUM_INTEROP_THREADS")
 
 
 def _dataloader(value: Any, cores: int) -> Env:

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cpu = cpu_info()
     threads = int(plan.get("threads_per_job") or cpu["physical_cores"])
     trials = int(plan.get("trials") or cpu["physical_cores"])
-    data_dir = args.data_dir if args.data_dir and os.path.ismount(args.data_dir) else "/var/tmp"
+    data_dir = _data_dir(args)
     out: dict[str, Any] = {
         "schema": SCHEMA,
         "host": socket.gethostname(),
@@ -249,6 +249,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 SERVING_CONFIG = "/etc/provisioner/serving/serving.json"
 
 
+def _data_dir(args: argparse.Namespace) -> str:
+    """Where a run's work directory goes: the data mount (--data-dir), /var/tmp when it is no mount point."""
+    return args.data_dir if args.data_dir and os.path.ismount(args.data_dir) else "/var/tmp"
+
+
 def tune_context(serving: dict[str, Any], serve_script: str | None) -> dict[str, Any]:
     """What the serving knobs read besides the plan's values: what a worker needs itself (its memory
     less its model cache, the plan's SERVING_WORKER_OVERHEAD_BYTES) and the model server's code (the
@@ -283,7 +288,7 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     cpu = cpu_info()
     # As the smoke run: its work directory (a workload's files) on the data mount, /var/tmp when that is no mount;
     # what the mount is (source, filesystem, where) is in the study key of a knob measured on its files.
-    data_dir = args.data_dir if args.data_dir and os.path.ismount(args.data_dir) else "/var/tmp"
+    data_dir = _data_dir(args)
     mount = data_mount(data_dir)
     plan["data_location"] = f"{mount.get('fstype')} on {mount.get('source')} at {mount.get('target') or data_dir}"
     workdir = tempfile.mkdtemp(prefix="provisioner-tune-", dir=data_dir)
