@@ -65,22 +65,28 @@ def w_parquet_write(p: dict[str, Any]) -> dict[str, Any]:
 
 def w_parquet_scan(p: dict[str, Any]) -> dict[str, Any]:
     import pyarrow as pa
+    import pyarrow.dataset  # read_table imports it on first use: here as long as the scan itself
     import pyarrow.parquet as pq
 
-    if p.get("tune"):  # read_table imports it on first use: not the candidate's scan time
-        import pyarrow.dataset
     t0 = time.perf_counter()
     table = pq.read_table(p["path"], use_threads=True)
     secs = time.perf_counter() - t0
     if p.get("tune"):  # tune's measurement: the scan alone, and the IO pool it ran with (the candidate's)
         return {"seconds": secs, "decoded_bytes": table.nbytes, "io_threads": pa.io_thread_count()}
-    # The same file decoded from memory: what the CPU can decode with no drive involved.
+    decoded = table.nbytes
+    # The scan's table freed first: a decode while it was alive ran here at 37-80% of the rate of one
+    # after it was freed, which let the scan come out above its limit.
+    del table
+    # The same file decoded from memory, the faster of two: what the CPU can decode with no drive
+    # involved and its memory already the process's.
     with open(p["path"], "rb") as f:
         buf = pa.py_buffer(f.read())
-    t0 = time.perf_counter()
-    pq.read_table(pa.BufferReader(buf), use_threads=True)
-    in_memory = time.perf_counter() - t0
-    return {"seconds": secs, "decoded_bytes": table.nbytes, "threads": pa.cpu_count(), "in_memory_s": in_memory}
+    in_memory = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        pq.read_table(pa.BufferReader(buf), use_threads=True)
+        in_memory.append(time.perf_counter() - t0)
+    return {"seconds": secs, "decoded_bytes": decoded, "threads": pa.cpu_count(), "in_memory_s": min(in_memory)}
 
 
 WORKERS = {"parquet_write": w_parquet_write, "parquet_scan": w_parquet_scan}
@@ -135,7 +141,8 @@ def drive(runner: Any) -> dict[str, Any]:
         "scan_gbps": written["file_bytes"] / median(scans) / 1e9,
         "decoded_gbps": median(decoded) / median(scans) / 1e9,
         "in_memory_s": in_memory,
-        "in_memory_gbps": written["file_bytes"] / median(in_memory) / 1e9,
+        # The limit: the fastest decode from memory of every repeat, as the CPU's rate is a bound.
+        "in_memory_gbps": written["file_bytes"] / min(in_memory) / 1e9,
         "scan_threads": scan.get("threads"),
     }
 
@@ -187,7 +194,7 @@ def parquet_check(raw: dict[str, Any], pq: dict[str, Any]) -> Check:
         return problem
     threads = int(pq.get("scan_threads") or raw.get("threads") or 1)
     if pq.get("in_memory_gbps"):
-        decode, how = pq["in_memory_gbps"], "the same file decoded from memory"
+        decode, how = pq["in_memory_gbps"], "the fastest decode of the same file from memory"
     else:
         decode, how = threads * SNAPPY_DECODE_GBPS_PER_CORE, f"snappy decode at {SNAPPY_DECODE_GBPS_PER_CORE} GB/s per thread"
     disk = pq["raw_read_gbps"]
