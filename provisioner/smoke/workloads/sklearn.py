@@ -70,6 +70,23 @@ def _record_threads(path: str):
     return scorer
 
 
+def _warm_worker() -> int:
+    """One loky worker as a long search leaves it: the search's modules imported and a first fit done. It
+    holds the worker half a second, so every worker of the pool takes one warm-up of its own."""
+    import warnings
+
+    import threadpoolctl  # noqa: F401  (the search's scorer reads the pools with it)
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.model_selection import GridSearchCV  # noqa: F401  (its fit and score helpers)
+    from sklearn.neural_network import MLPClassifier
+
+    warnings.filterwarnings("ignore", category=ConvergenceWarning)
+    x, y = _data(64, 64, seed=22)
+    MLPClassifier(hidden_layer_sizes=(8,), max_iter=1, random_state=0).fit(x, y)
+    time.sleep(0.5)
+    return os.getpid()
+
+
 def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
     """scikit-learn: a RandomForest fit on all cores against one, and a GridSearchCV on the planned
     loky workers against the same search run sequentially, with every worker's BLAS threads read
@@ -135,9 +152,14 @@ def w_sklearn(p: dict[str, Any]) -> dict[str, Any]:
         return time.perf_counter() - t0
 
     # loky's workers start once and stay for the next call, and a long search pays their imports of the
-    # estimator's modules once: both before the clock, by the same search over a few rows. Else the quick
-    # size's short fits timed the workers' imports: 0.68x the sequential search on a first call here,
-    # 1.33x on the next, 1.5-1.8x with fits ten times longer.
+    # estimator's modules once: both before the clock. Else the quick size's short fits timed the workers'
+    # imports: 0.68x the sequential search on a first call here, 1.33x on the next, 1.5-1.8x with fits
+    # ten times longer. Every worker gets a warm-up of its own (a search has fewer fits than a large
+    # host has workers), then the same search runs over a few rows (in this process too, for n_jobs=1).
+    if tuned and workers > 1:
+        from joblib import Parallel, delayed
+
+        Parallel(n_jobs=workers)(delayed(_warm_worker)() for _ in range(workers))
     search(workers if tuned else None, rows=300)
     for f in glob.glob(record + "-*.json"):
         os.remove(f)
