@@ -1,7 +1,8 @@
 """The storage role end to end on lab servers with loop devices bound in as drives (marked lab).
 
-btrfs RAID0 end to end (check mode first, create, write + checksum, remount from fstab, re-run
-with no change, undo keeping the data and removing the role's files, adoption), a drive holding
+btrfs RAID0 end to end (check mode first, create, verify's storage checks, write + checksum,
+remount from fstab, re-run with no change, undo keeping the data and removing the role's files,
+adoption), a drive holding
 data that is not listed or listed without storage_wipe_devices (refused, data unchanged, on one
 host of a fleet of two, the other stopped before any change too), then wiping that drive when
 allowed, XFS on one drive, the mdadm backend on this kernel without an md driver (skipped with
@@ -217,6 +218,20 @@ def play(server, tmp_path: Path, extra: dict, *, check: bool = False, playbook: 
     return Run(subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env))
 
 
+def verify_storage(server, tmp_path: Path, options: dict) -> list[dict]:
+    """`provisioner verify --tags storage` of SERVER, its checks judging by OPTIONS set as the host's
+    inventory vars (a plain ansible-playbook run records no options on the host for verify to read)."""
+    inventory = yaml.safe_load(server.inventory.read_text())
+    inventory["all"]["children"]["lab"]["hosts"][server.name].update(options)
+    path = tmp_path / "verify-inventory.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    r = subprocess.run([str(VENV_BIN / "provisioner"), "verify", "-i", str(path), "--tags", "storage", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    envelope = json.loads(r.stdout)
+    assert envelope["exit_code"] == r.returncode, envelope
+    return [c for c in envelope["data"]["hosts"][server.name] if c["role"] == "storage"]
+
+
 def btrfs_vars(*loops: str, **extra) -> dict:
     return {"storage_devices": list(loops), "storage_allow_unstable_names": True, "storage_backend": "btrfs",
             "storage_level": "raid0", **extra}
@@ -252,6 +267,12 @@ def test_btrfs_raid0_end_to_end(storage_lab, tmp_path):
     assert ssh(server, f"blockdev --getra {a}").stdout.strip() == "8192"
     assert ssh(server, "stat -c '%U:%G %a' /data").stdout.split() == ["root:ml", "2775"]
     assert "Data, RAID0" in ssh(server, "btrfs filesystem df /data").stdout
+    # What `provisioner verify` checks of role storage, every check passed or skipped with its reason.
+    checks = verify_storage(server, tmp_path, ev)
+    assert [c for c in checks if c["outcome"] == "failed" or (c["outcome"] == "skipped" and not c["message"])] == []
+    outcomes = {c["check"]: c["outcome"] for c in checks}
+    assert outcomes["test_btrfs_mount_names_every_member"] == outcomes["test_fstab_by_uuid_with_nofail"] == "passed"
+    assert outcomes["test_no_pending_plan_once_built"] == "passed", outcomes
 
     written = ssh(server, "dd if=/dev/urandom of=/data/blob bs=1M count=32 status=none && sync && "
                           "sha256sum /data/blob").stdout.split()[0]
