@@ -25,6 +25,21 @@ from provisioner.errors import ExitCode
 pytestmark = pytest.mark.host
 
 BIN = Path(sys.executable).parent / "provisioner"
+# What cpu_tuning and hugepages write here (their vars/main.yml), and the originals each records.
+ROLE_FILES = tuple(
+    Path(p)
+    for p in (
+        "/etc/sysctl.d/60-provisioner-cpu.conf",
+        "/etc/tmpfiles.d/provisioner-cpu.conf",
+        "/etc/tuned/provisioner-ml",
+        "/var/lib/provisioner/cpu_tuning.state",
+        "/etc/sysctl.d/60-provisioner-hugepages.conf",
+        "/etc/default/grub.d/60-provisioner-hugepages.cfg",
+        "/etc/security/limits.d/60-provisioner-memlock.conf",
+        "/var/lib/provisioner/originals/cpu_tuning.json",
+        "/var/lib/provisioner/originals/hugepages.json",
+    )
+)
 KNOBS = {
     "nr_hugepages": Path("/proc/sys/vm/nr_hugepages"),
     "swappiness": Path("/proc/sys/vm/swappiness"),
@@ -211,6 +226,8 @@ def test_undo_restores_every_value_and_is_harmless_twice(applied, before):
     assert {k: read(k) for k in KNOBS} == before
     assert login_shell("OMP_NUM_THREADS") == ""
     assert not list(Path("/etc/systemd/system.conf.d").glob("*provisioner*"))
+    # Every file cpu_tuning and hugepages wrote is gone, the originals they recorded last.
+    assert [str(p) for p in ROLE_FILES if p.exists()] == []
     again = cli("undo", "--json")
     assert again.returncode == ExitCode.OK, again.stderr
     assert json.loads(again.stdout)["data"]["hosts"]["localhost"]["changed"] == 0
