@@ -1,5 +1,6 @@
 """The model server end to end on a lab server of its own, over real SSH: deployed by
-`provisioner up`, read by `serve status`, measured by the smoke test with a real load generator,
+`provisioner up` (a check run first shows the changes and makes none), each version answering
+its own prediction and bad requests a 4xx, read by `serve status`, measured by the smoke test with a real load generator,
 a new version rolled in under load without a failed request, a corrupt one refused while the
 others keep serving, and a killed worker restarted by systemd while the others answer.
 
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,10 +31,19 @@ pytestmark = pytest.mark.lab
 
 BIN = Path(sys.executable).parent / "provisioner"
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "molecule" / "serving" / "files" / "models"
+MODELS = ROOT / "tests" / "fixtures" / "serving" / "models"
 NAME = "pv-serve"
 PORT = 8300
-RUNS: dict[str, dict] = {}  # the fixture's two `up` runs
+RUNS: dict[str, Any] = {}  # the fixture's `up` runs (check, first, second) and what the check left
+# What the check run must not create: the ML environment, the model server's files and units.
+WRITTEN_BY_SERVING = (
+    "/opt/mlstack",
+    "/opt/mlstack-envs",
+    "/data/models",
+    "/etc/provisioner/serving",
+    "/etc/systemd/system/provisioner-serve.socket",
+    "/etc/systemd/system/provisioner-serve@.service",
+)
 ARGS: list[str] = []  # their arguments
 
 
@@ -99,9 +110,11 @@ for _ in range(count):
 """
 
 
-def post(server, path: str, count: int = 1) -> list[tuple[int, str]]:
+def post(server, path: str, count: int = 1, body: dict | None = None) -> list[tuple[int, str]]:
+    """COUNT answers to BODY (default: a fraud row) POSTed to PATH from inside the server."""
     url = f"http://127.0.0.1:{PORT}{path}"
-    command = " ".join(shlex.quote(a) for a in ("python3", "-c", POST_SCRIPT, url, json.dumps(fraud_row()), str(count)))
+    payload = json.dumps(fraud_row() if body is None else body)
+    command = " ".join(shlex.quote(a) for a in ("python3", "-c", POST_SCRIPT, url, payload, str(count)))
     r = ssh(server, command)
     assert r.returncode == 0, r.stderr
     return [(int(code), text) for code, _, text in (line.partition(" ") for line in r.stdout.splitlines())]
@@ -156,6 +169,13 @@ def served(lab_requirements):
             "-e",
             sources(("fraud", "1"), ("fraud", "2"), ("churn", "1")),
         )
+        # Check mode first, on the server as lab up left it: it shows what would change and
+        # changes nothing (role serving's own check run; every default role's is test_up's).
+        written = f"ls -d {' '.join(WRITTEN_BY_SERVING)} 2>/dev/null; true"
+        RUNS["before check"] = ssh(server, written).stdout
+        rc, check, r = cli_json(*args, "--tags", "common,mlstack,allocator,serving", "--check", timeout=900)
+        assert rc == ExitCode.OK, r.stdout[-3000:] + r.stderr
+        RUNS.update(check=check, after_check=ssh(server, written).stdout)
         # Verify once, after the second run (the one whose result the tests read). The second runs
         # the two roles this module is about: a no-op of common and mlstack on the CLI's path is
         # test_up's second run (a superset of these components), their verify its first.
@@ -168,6 +188,14 @@ def served(lab_requirements):
         yield server
     finally:
         lab.down(NAME)
+
+
+def test_a_check_run_on_the_new_server_shows_the_changes_and_makes_none(served):
+    check = RUNS["check"]
+    assert check["check"] is True and check["hosts"][served.name]["changed"] > 0, check["hosts"]
+    shown = {c["task"] for c in check["changes"]}
+    assert {"Write the server's configuration", "Write the socket, the slice and the worker template"} <= shown, shown
+    assert RUNS["after_check"] == RUNS["before check"] == "", RUNS["after_check"]
 
 
 def test_a_second_up_changes_nothing_and_verifies(served):
@@ -265,6 +293,33 @@ def test_a_npy_batch_from_the_ml_users_login_shell_equals_the_json_batch(served)
     assert got["npy"] == pytest.approx(got["json"], rel=1e-6)
     config = json.loads(ssh(served, "cat /etc/provisioner/serving/serving.json").stdout)
     assert (config["max_batch_rows"], config["max_batch_bytes"]) == (100000, 64 << 20)
+
+
+# What the models of tests/fixtures/serving/models predict for an all-zero row (train_models.py,
+# checked with the same xgboost and scikit-learn on the control node).
+ZERO_ROW = {("fraud", "1"): 0.43210882, ("fraud", "2"): 0.37062454, ("churn", "1"): -0.45676306}
+
+
+def test_every_version_answers_its_own_prediction_and_bad_requests_get_4xx(served):
+    for (name, version), expected in ZERO_ROW.items():
+        names = json.loads((MODELS / name / version / "metadata.json").read_text())["features"]
+        path = f"/v1/models/{name}/{version}/predict"
+        [(code, text)] = post(served, path, body={"features": dict.fromkeys(names, 0.0)})
+        answer = json.loads(text)
+        assert code == 200 and (answer["model"], answer["version"]) == (name, version), text
+        assert answer["prediction"] == pytest.approx(expected, abs=1e-5)
+        [(code, text)] = post(served, f"{path}/batch", body={"rows": [[0.0] * len(names), [1.0] * len(names)]})
+        predictions = json.loads(text)["predictions"]
+        assert code == 200 and len(predictions) == 2 and predictions[0] == pytest.approx(expected, abs=1e-5), text
+    # latest: the highest version.
+    [(code, text)] = post(served, "/v1/models/fraud/latest/predict", body={"features": {f"f{i}": 0.0 for i in range(8)}})
+    assert (code, json.loads(text)["version"]) == (200, "2"), text
+    # A row missing a feature is named; an unknown model or version is not found; the workers keep serving.
+    [(code, text)] = post(served, "/v1/models/fraud/2/predict", body={"features": {"f0": 1.0}})
+    assert code == 422 and "f1" in json.loads(text)["error"], text
+    assert post(served, "/v1/models/nosuch/1/predict", body={"features": {}})[0][0] == 404
+    assert post(served, "/v1/models/fraud/9/predict", body={"features": {}})[0][0] == 404
+    assert all(w["active"] == "active" and w["ready"] for w in workers(served))
 
 
 def test_the_smoke_test_drives_the_deployed_server_with_zero_errors(served):
