@@ -25,22 +25,25 @@ from provisioner.errors import ExitCode
 pytestmark = pytest.mark.host
 
 BIN = Path(sys.executable).parent / "provisioner"
-# What cpu_tuning and hugepages write here (their vars/main.yml), and the originals each records.
-ROLE_FILES = tuple(
-    Path(p)
-    for p in (
-        "/etc/sysctl.d/60-provisioner-cpu.conf",
-        "/etc/tmpfiles.d/provisioner-cpu.conf",
-        "/etc/tuned/provisioner-ml",
-        "/var/lib/provisioner/cpu_tuning.state",
-        "/etc/sysctl.d/60-provisioner-hugepages.conf",
-        "/etc/default/grub.d/60-provisioner-hugepages.cfg",
-        "/etc/security/limits.d/60-provisioner-memlock.conf",
-        "/var/lib/provisioner/originals/cpu_tuning.json",
-        "/var/lib/provisioner/originals/hugepages.json",
-    )
-)
+# Where every role records its originals before its first change (undo removes them last).
 ORIGINALS = Path("/var/lib/provisioner/originals")
+# What cpu_tuning and hugepages write here (their vars/main.yml), and the originals each records.
+ROLE_FILES = (
+    *(
+        Path(p)
+        for p in (
+            "/etc/sysctl.d/60-provisioner-cpu.conf",
+            "/etc/tmpfiles.d/provisioner-cpu.conf",
+            "/etc/tuned/provisioner-ml",
+            "/var/lib/provisioner/cpu_tuning.state",
+            "/etc/sysctl.d/60-provisioner-hugepages.conf",
+            "/etc/default/grub.d/60-provisioner-hugepages.cfg",
+            "/etc/security/limits.d/60-provisioner-memlock.conf",
+        )
+    ),
+    ORIGINALS / "cpu_tuning.json",
+    ORIGINALS / "hugepages.json",
+)
 KNOBS = {
     "nr_hugepages": Path("/proc/sys/vm/nr_hugepages"),
     "swappiness": Path("/proc/sys/vm/swappiness"),
@@ -80,9 +83,8 @@ def before():
     values = {k: read(k) for k in KNOBS}
     assert login_shell("OMP_NUM_THREADS") == "", "OMP_NUM_THREADS is already set in login shells here"
     yield values
-    # Safety net: whatever the test did, the machine ends as it started. Every role records its
-    # originals before its first change and undo removes them last: none left, nothing to undo
-    # (the undo test's two runs took everything back).
+    # Safety net: whatever the test did, the machine ends as it started. No originals left means
+    # nothing to undo (the undo test's two runs took everything back).
     if any(ORIGINALS.glob("*.json")):
         cli("undo")
     for knob, value in values.items():

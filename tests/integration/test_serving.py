@@ -1,8 +1,9 @@
 """The model server end to end on a lab server of its own, over real SSH: deployed by
 `provisioner up` (a check run first shows the changes and makes none), each version answering
-its own prediction and bad requests a 4xx, read by `serve status`, measured by the smoke test with a real load generator,
-a new version rolled in under load without a failed request, a corrupt one refused while the
-others keep serving, and a killed worker restarted by systemd while the others answer.
+its own prediction and bad requests a 4xx, read by `serve status`, measured by the smoke test
+with a real load generator, a new version rolled in under load without a failed request, a
+corrupt one refused while the others keep serving, and a killed worker restarted by systemd
+while the others answer.
 
 Last, the ML environment's generations under that load: a lock change (one serving package
 changed, from a wheelhouse holding both versions) builds a new generation, proves it and switches
@@ -172,7 +173,7 @@ def served(lab_requirements):
         # Check mode first, on the server as lab up left it: it shows what would change and
         # changes nothing (role serving's own check run; every default role's is test_up's).
         written = f"ls -d {' '.join(WRITTEN_BY_SERVING)} 2>/dev/null; true"
-        RUNS["before check"] = ssh(server, written).stdout
+        RUNS["before_check"] = ssh(server, written).stdout
         rc, check, r = cli_json(*args, "--tags", "common,mlstack,allocator,serving", "--check", timeout=900)
         assert rc == ExitCode.OK, r.stdout[-3000:] + r.stderr
         RUNS.update(check=check, after_check=ssh(server, written).stdout)
@@ -195,7 +196,7 @@ def test_a_check_run_on_the_new_server_shows_the_changes_and_makes_none(served):
     assert check["check"] is True and check["hosts"][served.name]["changed"] > 0, check["hosts"]
     shown = {c["task"] for c in check["changes"]}
     assert {"Write the server's configuration", "Write the socket, the slice and the worker template"} <= shown, shown
-    assert RUNS["after_check"] == RUNS["before check"] == "", RUNS["after_check"]
+    assert RUNS["after_check"] == RUNS["before_check"] == "", RUNS["after_check"]
 
 
 def test_a_second_up_changes_nothing_and_verifies(served):

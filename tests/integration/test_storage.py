@@ -2,12 +2,11 @@
 
 btrfs RAID0 end to end (check mode first, create, verify's storage checks, write + checksum,
 remount from fstab, re-run with no change, undo keeping the data and removing the role's files,
-adoption), a drive holding
-data that is not listed or listed without storage_wipe_devices (refused, data unchanged, on one
-host of a fleet of two, the other stopped before any change too), then wiping that drive when
-allowed, XFS on one drive, the mdadm backend on this kernel without an md driver (skipped with
-the reason, the planned commands and mdadm.conf line rendered), and the plan's proposal, built
-only when confirmed and then run again with no change. The module's decisions and the role's
+adoption), a drive holding data that is not listed or listed without storage_wipe_devices
+(refused, data unchanged, on one host of a fleet of two, the other stopped before any change
+too), then wiping that drive when allowed, XFS on one drive, the mdadm backend on this kernel
+without an md driver (skipped with the reason, the planned commands and mdadm.conf line
+rendered), and the plan's proposal, built only when confirmed and then run again with no change. The module's decisions and the role's
 templates are tested without a lab in tests/unit/test_storage_module.py.
 
 Each test has a server of its own, except two pairs whose runs follow each other on one server:
