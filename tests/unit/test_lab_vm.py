@@ -340,7 +340,8 @@ def test_baking_drops_the_package_host_keys_and_enables_the_units(tmp_path: Path
     wants = tree / "etc" / "systemd" / "system" / "multi-user.target.wants"
     assert os.readlink(wants / "provisioner-lab-seed.service") == "/etc/systemd/system/provisioner-lab-seed.service"
     assert os.readlink(wants / "ssh.service") == "/lib/systemd/system/ssh.service"
-    assert os.readlink(tree / "etc" / "systemd" / "system" / "apt-daily.timer") == "/dev/null"
+    for unit in ("apt-daily.timer", "e2scrub_reap.service", "e2scrub_all.timer"):
+        assert os.readlink(tree / "etc" / "systemd" / "system" / unit) == "/dev/null", unit
     assert (tree / "usr" / "local" / "sbin" / "provisioner-lab-seed").stat().st_mode & 0o111
 
 
