@@ -134,7 +134,7 @@ BAKED: dict[str, tuple[str, int]] = {
 ENABLE_UNITS = ("provisioner-lab-seed.service", "ssh.service", "systemd-networkd.service")
 # apt's daily timers would take the dpkg lock at random moments (see rootfs.py). e2fsprogs' scrub
 # units check ext4 metadata on LVM snapshots, which no lab VM has: under emulation the boot-time
-# reap took 8-13 s of a guest CPU at every boot, the weekly scrub would take more at random.
+# reap took 8-13 s of a guest CPU at every boot (the weekly scrub is masked with it).
 MASK_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_reap.service", "e2scrub_all.timer")
 
 
